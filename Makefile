@@ -1,0 +1,30 @@
+# Two entry points: `make demo` and `make test`. Both install into .venv first when needed.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.b2t-installed
+DEMO    ?= demo_out
+export PJRT_DEVICE ?= CPU
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml changes (or .venv is missing): idempotent and quick.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+# End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training -> eval.
+demo: install
+	$(VENV)/bin/b2t-synth $(DEMO)/hdf5 --sessions 5 --seed 0
+	$(VENV)/bin/b2t-preprocess $(DEMO)/hdf5 $(DEMO)/shards --config configs/tiny.yaml --workers 2
+	$(VENV)/bin/b2t-preprocess verify $(DEMO)/shards
+	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config configs/tiny.yaml --backend openxla
+
+test: install
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(DEMO) .pytest_cache .hypothesis

@@ -1,0 +1,188 @@
+"""The one config schema: frozen, keyword-only sections, validated up front.
+
+A YAML file in `configs/` fills these sections; unknown keys are errors that suggest the
+nearest known key, and `--set section.key=value` overrides are parsed as YAML scalars.
+The same file drives `b2t-preprocess` (sections `data` and `model`, since the bucket
+lengths must fit the model's patching) and `b2t-train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value or key that cannot be used; the message says how to fix it."""
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    n_buckets: int = 4  # distinct time lengths T (one XLA compilation each)
+    batch_size: int = 64  # rows per batch (the most, when token_budget caps long buckets)
+    token_budget: int | None = None  # cap on B x T per batch; None = batch_size everywhere
+    row_multiple: int = 1  # B is a multiple of this (devices a batch is split over)
+    label_multiple: int = 8  # label width L is rounded up to this
+    days_per_batch: int = 4  # a train batch mixes at most this many sessions
+    epochs: int = 1  # train compositions written, each shuffled differently
+    batches_per_shard: int = 16  # batches in one shard file
+    seed: int = 0  # seeds batch composition and shuffling
+
+    def __post_init__(self) -> None:
+        for name in ("n_buckets", "batch_size", "row_multiple", "label_multiple",
+                     "days_per_batch", "epochs", "batches_per_shard"):
+            _require(getattr(self, name) >= 1, f"data.{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.batch_size % self.row_multiple == 0,
+                 f"data.batch_size={self.batch_size} must be a multiple of data.row_multiple={self.row_multiple}")
+        _require(self.token_budget is None or self.token_budget >= 1, "data.token_budget must be >= 1 or null")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    n_units: int = 768  # GRU hidden size
+    n_layers: int = 5  # GRU layers
+    patch_size: int = 14  # time bins per patch
+    patch_stride: int = 4  # bins between patch starts
+    input_dropout: float = 0.2  # after the day layer
+    rnn_dropout: float = 0.4  # between GRU layers
+
+    def __post_init__(self) -> None:
+        _require(self.n_units >= 1 and self.n_layers >= 1, "model.n_units and model.n_layers must be >= 1")
+        _require(1 <= self.patch_stride <= self.patch_size,
+                 f"model.patch_stride={self.patch_stride} must be in 1..patch_size={self.patch_size}")
+        for name in ("input_dropout", "rnn_dropout"):
+            _require(0.0 <= getattr(self, name) < 1.0, f"model.{name} must be in [0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AugmentConfig:
+    white_noise_std: float = 1.0  # per bin and channel, training only
+    constant_offset_std: float = 0.2  # per trial and channel, training only
+    max_start_cut: int = 2  # drop 0..max bins from the start (a shift within T), training only
+    smooth_std: float = 2.0  # Gaussian smoothing along time (bins), train and eval; 0 = off
+
+    def __post_init__(self) -> None:
+        _require(min(self.white_noise_std, self.constant_offset_std, self.smooth_std) >= 0,
+                 "augment stds must be >= 0")
+        _require(self.max_start_cut >= 0, "augment.max_start_cut must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 0.005  # peak learning rate of the main group
+    lr_min: float = 0.0001  # end of the cosine decay
+    lr_day: float = 0.005  # peak learning rate of the day layers
+    lr_day_min: float = 0.0001
+    warmup_steps: int = 1000  # linear warm-up from 0
+    decay_steps: int = 120_000  # step at which the cosine reaches its minimum
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 0.1
+    weight_decay: float = 0.001  # not applied to biases
+    weight_decay_day: float = 0.0
+    grad_clip: float = 10.0  # max global gradient norm; 0 = off
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0 and self.lr_day > 0, "optim.lr and optim.lr_day must be > 0")
+        _require(0 <= self.warmup_steps <= self.decay_steps,
+                 f"optim.warmup_steps={self.warmup_steps} must be in 0..decay_steps={self.decay_steps}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    backend: str = "openxla"  # openxla | inductor | eager
+    steps: int = 120_000  # optimizer steps
+    grad_accum: int = 1  # fixed-shape micro-batches per optimizer step
+    val_every: int = 2000  # steps between validations (and best-checkpoint checks)
+    log_every: int = 100  # steps between loss read-backs (each one is a host sync)
+    checkpoint_every: int = 2000  # steps between "last" checkpoints
+    shuffle_buffer: int = 64  # batches held for shuffling
+    num_workers: int = 1  # loader worker processes
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.backend in ("openxla", "inductor", "eager"),
+                 f"train.backend={self.backend!r}: choose openxla, inductor or eager")
+        for name in ("steps", "grad_accum", "val_every", "log_every", "checkpoint_every", "shuffle_buffer"):
+            _require(getattr(self, name) >= 1, f"train.{name} must be >= 1")
+        _require(self.num_workers >= 0, "train.num_workers must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_SECTION_CLASSES = {
+    "data": DataConfig, "model": ModelConfig, "augment": AugmentConfig,
+    "optim": OptimConfig, "train": TrainConfig,
+}
+
+
+def _unknown(kind: str, key: str, known: Iterable[str]) -> ConfigError:
+    near = difflib.get_close_matches(key, list(known), n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known))}"
+    return ConfigError(f"unknown {kind} {key!r}{hint}")
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> Config:
+    """Build a Config from nested dicts; unknown sections or keys raise ConfigError."""
+    sections = {}
+    for name, values in raw.items():
+        if name not in _SECTION_CLASSES:
+            raise _unknown("config section", name, _SECTION_CLASSES)
+        cls = _SECTION_CLASSES[name]
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = values or {}
+        for key in values:
+            if key not in known:
+                raise _unknown(f"key in section {name!r}", key, known)
+        try:
+            sections[name] = cls(**values)
+        except TypeError as e:
+            raise ConfigError(f"section {name!r}: {e}") from e
+    return Config(**sections)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply `section.key=value` strings (values parsed as YAML scalars) to a raw dict."""
+    out = {k: dict(v or {}) for k, v in raw.items()}
+    for item in overrides:
+        path, sep, value = item.partition("=")
+        section, dot, key = path.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        out.setdefault(section, {})[key] = yaml.safe_load(value)
+    return out
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Config:
+    """Read a YAML config (None = all defaults), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        raw = yaml.safe_load(text) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    try:
+        return config_from_dict(apply_overrides(raw, overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{path or 'defaults'}: {e}") from None

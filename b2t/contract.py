@@ -1,0 +1,100 @@
+"""The shaped-batch contract: the one place that says what a batch is.
+
+The shard writer (`preprocess/`), the shard reader (`b2t/data`), the trainer's warm-up
+and the tests all import this module, so a batch that leaves the writer is, by
+construction, one the compiled step has already seen. XLA compiles one graph per input
+shape and dtype; everything here exists to keep that set small and fixed.
+
+Shape legend: B batch rows (fixed per bucket), T time bins (the bucket length),
+F = 512 features, L label width (fixed per bucket).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+FEATURE_DIM = 512
+"""256 electrodes x (threshold crossings, spike-band power), 20 ms bins."""
+
+BLANK_ID = 0
+SILENCE_ID = 40
+N_CLASSES = 41
+"""CTC outputs: blank (0) plus phoneme classes 1..40 (40 is the word-boundary SIL)."""
+
+# --- dtype policy -------------------------------------------------------------------
+# Storage: features travel as bf16 (half the bytes of f32, and what the step computes
+# in); every integer field is int32 so no int64/int32 mix ever reaches a graph.
+# Compute: f32 master weights and optimizer state, bf16 autocast around the forward,
+# and the CTC loss in f32 (it is a long log-space recursion; bf16 loses it).
+FEATURE_DTYPE = torch.bfloat16
+INDEX_DTYPE = torch.int32
+PARAM_DTYPE = torch.float32
+COMPUTE_DTYPE = torch.bfloat16
+LOSS_DTYPE = torch.float32
+
+
+@dataclass(frozen=True)
+class Field:
+    dtype: torch.dtype
+    dims: tuple[str, ...]
+
+
+FIELDS: dict[str, Field] = {
+    "features": Field(FEATURE_DTYPE, ("B", "T", "F")),  # zero beyond n_time_steps
+    "n_time_steps": Field(INDEX_DTYPE, ("B",)),  # true length of each row, <= T
+    "seq_class_ids": Field(INDEX_DTYPE, ("B", "L")),  # phoneme ids, zero beyond length
+    "phone_seq_lens": Field(INDEX_DTYPE, ("B",)),  # 0 for test trials and padding rows
+    "day_indices": Field(INDEX_DTYPE, ("B",)),  # position in the manifest's session list
+    "valid": Field(torch.bool, ("B",)),  # False for rows that only fill the batch
+}
+"""Every tensor of a batch, in every split (test batches carry zero-length labels)."""
+
+
+@dataclass(frozen=True, order=True)
+class BucketShape:
+    """The shape of every batch of one bucket: T time bins, B rows, L label slots."""
+
+    T: int
+    B: int
+    L: int
+
+    def dims(self) -> dict[str, int]:
+        return {"B": self.B, "T": self.T, "F": FEATURE_DIM, "L": self.L}
+
+    def field_shape(self, name: str) -> tuple[int, ...]:
+        dims = self.dims()
+        return tuple(dims[d] for d in FIELDS[name].dims)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"T": self.T, "B": self.B, "L": self.L}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, int]) -> BucketShape:
+        return cls(T=int(d["T"]), B=int(d["B"]), L=int(d["L"]))
+
+
+def check_batch(batch: Mapping[str, torch.Tensor], shape: BucketShape) -> None:
+    """Raise ValueError unless `batch` holds exactly FIELDS with `shape`'s sizes and dtypes."""
+    missing = sorted(set(FIELDS) - set(batch))
+    extra = sorted(set(batch) - set(FIELDS))
+    if missing or extra:
+        raise ValueError(f"batch fields differ from the contract: missing {missing}, extra {extra}")
+    for name, field in FIELDS.items():
+        t = batch[name]
+        want = shape.field_shape(name)
+        if tuple(t.shape) != want or t.dtype != field.dtype:
+            raise ValueError(
+                f"batch field {name!r} is {t.dtype} {tuple(t.shape)}, "
+                f"the contract for bucket {shape} says {field.dtype} {want}"
+            )
+
+
+def empty_batch(shape: BucketShape, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """An all-padding batch of `shape` (every row invalid); used to fill and to warm up."""
+    return {
+        name: torch.zeros(shape.field_shape(name), dtype=field.dtype, device=device)
+        for name, field in FIELDS.items()
+    }

@@ -1,0 +1,1 @@
+"""Shards -> device batches: the manifest, the sample codec and the WebDataset reader."""

@@ -1,0 +1,125 @@
+"""`manifest.json`: what a preprocessed dataset holds, written last by the preprocessor.
+
+The trainer reads the bucket table (to warm up every shape before the loop), the session
+list (day index order, stored with checkpoints) and the shard list from here; `verify`
+checks every shard's size and sha256 against it. A manifest exists only once every shard
+it names is complete, so a manifest never points at a partial shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from b2t.contract import FIELDS, BucketShape
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str  # file name inside the dataset directory
+    split: str
+    epoch: int  # train composition index; 0 for val/test
+    n_batches: int
+    n_trials: int  # valid rows
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    file: str
+    trial: str  # HDF5 group name, e.g. trial_0007
+    reason: str
+
+
+@dataclass
+class Manifest:
+    sessions: list[str]  # day index order
+    buckets: list[BucketShape]
+    shards: list[ShardEntry]
+    splits: dict[str, dict[str, Any]]  # per split: n_trials, n_batches, padding_fraction, ...
+    sources: list[dict[str, Any]]  # per HDF5 file: path, bytes, sha256
+    config: dict[str, Any]  # the data and model sections used
+    exclusions: list[Exclusion] = field(default_factory=list)
+    version: int = FORMAT_VERSION
+
+    def dtypes(self) -> dict[str, str]:
+        return {name: str(f.dtype).removeprefix("torch.") for name, f in FIELDS.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "sessions": self.sessions,
+            "buckets": [b.to_dict() for b in self.buckets],
+            "fields": {name: {"dtype": dt, "dims": list(FIELDS[name].dims)} for name, dt in self.dtypes().items()},
+            "shards": [asdict(s) for s in self.shards],
+            "splits": self.splits,
+            "sources": self.sources,
+            "config": self.config,
+            "exclusions": [asdict(e) for e in self.exclusions],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Manifest:
+        if d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
+        m = cls(
+            sessions=list(d["sessions"]),
+            buckets=[BucketShape.from_dict(b) for b in d["buckets"]],
+            shards=[ShardEntry(**s) for s in d["shards"]],
+            splits=d["splits"],
+            sources=d["sources"],
+            config=d["config"],
+            exclusions=[Exclusion(**e) for e in d["exclusions"]],
+        )
+        if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
+            raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
+        return m
+
+    def save(self, directory: str | Path) -> Path:
+        """Write atomically (temp file + rename), so readers see the old or the new manifest."""
+        return atomic_write_text(Path(directory) / MANIFEST_NAME, json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Manifest:
+        path = Path(directory) / MANIFEST_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: run b2t-preprocess first (or it did not finish)")
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path} is not a valid b2t manifest: {e}") from None
+
+    def shards_of(self, split: str, epoch: int | None = None) -> list[ShardEntry]:
+        return [s for s in self.shards if s.split == split and (epoch is None or s.epoch == epoch)]
+
+    def epochs(self, split: str = "train") -> list[int]:
+        return sorted({s.epoch for s in self.shards_of(split)})
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    """Write `data` to `path` via a temp file in the same directory and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())
