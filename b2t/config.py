@@ -35,7 +35,7 @@ class DataConfig:
     row_multiple: int = 1  # B is a multiple of this (devices a batch is split over)
     label_multiple: int = 8  # label width L is rounded up to this
     days_per_batch: int = 4  # a train batch mixes at most this many sessions
-    epochs: int = 1  # train compositions written, each shuffled differently
+    epochs: int = 4  # train compositions written (each a differently shuffled batch membership; disk grows with it)
     batches_per_shard: int = 16  # batches in one shard file
     seed: int = 0  # seeds batch composition and shuffling
 

@@ -1,0 +1,229 @@
+"""Reading the Brain-to-Text '25 HDF5 tree: find the sessions, validate every trial, re-read features.
+
+The layout is ../shared/docs/data-format.md. `scan_file` checks, for every trial, all that the
+shard writer relies on (features included, read in chunks so a file never sits in memory
+whole), so bad data is reported with its file and trial group before any shard is written,
+never discovered half way or padded over. With `skip_bad` a bad trial becomes an
+`Exclusion` that ends up in the manifest; nothing is dropped silently. A file that cannot be
+read at all, or a split with no usable trial, is always an error.
+
+Session identity: a session is a directory holding `data_{train,val,test}.hdf5`, named by the
+directory (the day index is its position in the name-sorted list). Two directories with the
+same name anywhere below the root are an error (their day index would be ambiguous), and so
+is a trial whose `session` attribute names another session than its directory (the file was
+moved or renamed, so which day it belongs to is unclear).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from b2t.contract import FEATURE_DIM, SILENCE_ID
+from b2t.data.manifest import SPLITS, Exclusion
+from preprocess.trials import DataError, TrialRef
+
+SPLIT_FILES: dict[str, str] = {split: f"data_{split}.hdf5" for split in SPLITS}
+TRIAL_GROUP = re.compile(r"trial_\d+")
+CHECK_ROWS = 2048
+"""Feature rows read at a time by the NaN/Inf check (4 MiB of float32)."""
+
+
+@dataclass(frozen=True)
+class SessionFiles:
+    session: str
+    files: dict[str, Path]  # split -> path of its HDF5 file
+
+
+def discover_sessions(root: Path) -> list[SessionFiles]:
+    """Every session directory below `root` (which may itself be one), sorted by name = day order."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(root, None, "is not a directory (expected the folder of t15.* session directories)")
+    by_dir: dict[Path, dict[str, Path]] = defaultdict(dict)
+    split_of = {name: split for split, name in SPLIT_FILES.items()}
+    for path in sorted(root.rglob("data_*.hdf5")):
+        if path.name not in split_of:
+            raise DataError(path, None, f"unexpected file name: a session holds only {sorted(split_of)}")
+        by_dir[path.parent][split_of[path.name]] = path
+    if not by_dir:
+        raise DataError(root, None, f"no session found: no {'/'.join(SPLIT_FILES.values())} below it")
+    sessions: dict[str, Path] = {}
+    for directory in by_dir:
+        if directory.name in sessions:
+            raise DataError(
+                directory, None, f"duplicate session name {directory.name!r}, also at {sessions[directory.name]}"
+            )
+        sessions[directory.name] = directory
+    ordered = []
+    for name in sorted(sessions):
+        files = by_dir[sessions[name]]
+        ordered.append(SessionFiles(name, {split: files[split] for split in SPLIT_FILES if split in files}))
+    return ordered
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[h5py.File]:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataError(path, None, f"cannot be read as HDF5 (missing, truncated or not HDF5): {e}") from None
+    with f:
+        yield f
+
+
+def scan_file(
+    path: Path, split: str, session: str, day_index: int, *, skip_bad: bool
+) -> tuple[list[TrialRef], list[Exclusion]]:
+    """Validate every trial of one split file; bad trials raise, or with `skip_bad` are excluded."""
+    if split not in SPLIT_FILES:
+        raise ValueError(f"split must be one of {list(SPLIT_FILES)}, got {split!r}")
+    refs: list[TrialRef] = []
+    excluded: list[Exclusion] = []
+    with _open(path) as f:
+        for name in _trial_names(f, path):
+            try:
+                refs.append(_scan_trial(f, path, name, split, session, day_index))
+            except DataError as e:
+                if not skip_bad:
+                    raise
+                excluded.append(Exclusion(str(path), name, e.problem))
+            except (OSError, RuntimeError) as e:  # h5py's errors for corrupt storage
+                raise DataError(path, name, f"cannot be read: {e}") from None
+    if not refs:
+        problem = f"all {len(excluded)} trials are bad" if excluded else "has no trial groups"
+        raise DataError(path, None, f"empty {split} split: {problem}")
+    return refs, excluded
+
+
+def _trial_names(f: h5py.File, path: Path) -> list[str]:
+    """The trial groups in trial order; any other top-level object is an error, not ignored."""
+    for name in f:
+        if not TRIAL_GROUP.fullmatch(name):
+            raise DataError(path, name, "unexpected top-level object (a file holds only trial_NNNN groups)")
+    return sorted(f, key=lambda name: int(name.removeprefix("trial_")))
+
+
+def _scan_trial(f: h5py.File, path: Path, name: str, split: str, session: str, day_index: int) -> TrialRef:
+    def bad(problem: str) -> DataError:
+        return DataError(path, name, problem)
+
+    g = f[name]
+    if not isinstance(g, h5py.Group):
+        raise bad("is not a group")
+    labelled = split != "test"
+    datasets = ("input_features",) + (("seq_class_ids", "transcription") if labelled else ())
+    attrs = ("n_time_steps", "session", "block_num", "trial_num") + (("seq_len", "sentence_label") if labelled else ())
+    for ds in datasets:
+        if not isinstance(g.get(ds), h5py.Dataset):
+            raise bad(f"missing dataset {ds!r}")
+    for attr in attrs:
+        if attr not in g.attrs:
+            raise bad(f"missing attribute {attr!r}")
+
+    x = g["input_features"]
+    if x.ndim != 2 or x.shape[1] != FEATURE_DIM or x.dtype.kind != "f":
+        raise bad(f"input_features is {x.dtype} {list(x.shape)}, expected float [n_time_steps, {FEATURE_DIM}]")
+    n = _int_attr(g, "n_time_steps", bad)
+    if n != x.shape[0]:
+        raise bad(f"n_time_steps attribute is {n} but input_features has {x.shape[0]} rows")
+    if n < 1:
+        raise bad("input_features has no rows")
+    _check_finite(x, bad)
+    if (named := _str_attr(g, "session", bad)) != session:
+        raise bad(f"session attribute is {named!r} but the file is in session directory {session!r}")
+
+    labels: tuple[int, ...] = ()
+    sentence = None
+    if labelled:
+        ids = g["seq_class_ids"]
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise bad(f"seq_class_ids is {ids.dtype} {list(ids.shape)}, expected a 1-D integer array")
+        seq_len = _int_attr(g, "seq_len", bad)
+        if not 1 <= seq_len <= ids.shape[0]:
+            raise bad(f"seq_len {seq_len} is outside 1..{ids.shape[0]} (the width of seq_class_ids)")
+        valid = ids[:seq_len]
+        wrong = np.flatnonzero((valid < 1) | (valid > SILENCE_ID))
+        if wrong.size:
+            raise bad(f"seq_class_ids[{wrong[0]}] is {valid[wrong[0]]}, outside the phoneme ids 1..{SILENCE_ID}")
+        labels = tuple(int(v) for v in valid)
+        sentence = _str_attr(g, "sentence_label", bad)
+    return TrialRef(
+        file=str(path),
+        group=name,
+        split=split,
+        session=session,
+        day_index=day_index,
+        block=_int_attr(g, "block_num", bad),
+        trial=_int_attr(g, "trial_num", bad),
+        n_time_steps=n,
+        labels=labels,
+        sentence=sentence,
+    )
+
+
+def _check_finite(x: h5py.Dataset, bad: Callable[[str], DataError]) -> None:
+    for start in range(0, x.shape[0], CHECK_ROWS):
+        finite = np.isfinite(x[start : start + CHECK_ROWS])  # (rows, F)
+        if not finite.all():
+            row, channel = np.argwhere(~finite)[0]
+            raise bad(f"input_features has NaN/Inf at row {start + row}, channel {channel}")
+
+
+def _int_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> int:
+    value = np.asarray(g.attrs[name])
+    if value.size != 1 or value.dtype.kind not in "iu":
+        raise bad(f"attribute {name!r} is {value.dtype} {list(value.shape)}, expected one integer")
+    return int(value.reshape(()))
+
+
+def _str_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> str:
+    value = g.attrs[name]
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    if not isinstance(value, str):
+        raise bad(f"attribute {name!r} is {type(value).__name__}, expected a string")
+    return value
+
+
+def read_features(refs: Sequence[TrialRef]) -> list[np.ndarray]:
+    """Each trial's float32 (n_time_steps, F) features, in `refs` order; each file opened once."""
+    out: dict[int, np.ndarray] = {}
+    by_file: dict[str, list[int]] = defaultdict(list)
+    for i, ref in enumerate(refs):
+        by_file[ref.file].append(i)
+    for file, indices in by_file.items():
+        with _open(Path(file)) as f:
+            for i in indices:
+                ref = refs[i]
+                try:
+                    x = np.asarray(f[ref.group]["input_features"][()], dtype=np.float32)
+                except (KeyError, OSError, RuntimeError) as e:
+                    raise DataError(file, ref.group, f"cannot read input_features: {e}") from None
+                if x.shape != (ref.n_time_steps, FEATURE_DIM):
+                    raise DataError(
+                        file,
+                        ref.group,
+                        f"input_features is {list(x.shape)} now, "
+                        f"[{ref.n_time_steps}, {FEATURE_DIM}] when scanned: the file changed",
+                    )
+                out[i] = x
+    return [out[i] for i in range(len(refs))]
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """`path` (as given), size and streamed sha256: what the manifest records per source file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return {"path": str(path), "bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}

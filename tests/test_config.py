@@ -1,0 +1,55 @@
+"""The config schema: the shipped YAML files load, unknown keys fail with a hint, overrides parse."""
+
+from pathlib import Path
+
+import pytest
+
+from b2t.config import Config, ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name", ["baseline.yaml", "tiny.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert isinstance(cfg, Config)
+
+
+def test_baseline_is_the_reference_recipe():
+    cfg = load_config(CONFIGS / "baseline.yaml")
+    assert (cfg.model.n_units, cfg.model.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (768, 5, 14, 4)
+    assert (cfg.data.batch_size, cfg.data.days_per_batch) == (64, 4)
+    assert (cfg.optim.lr, cfg.optim.lr_min, cfg.optim.eps, cfg.optim.weight_decay) == (0.005, 0.0001, 0.1, 0.001)
+    assert (cfg.optim.warmup_steps, cfg.optim.decay_steps, cfg.optim.grad_clip) == (1000, 120_000, 10.0)
+    assert (cfg.train.steps, cfg.train.val_every) == (120_000, 2000)
+    assert cfg.to_dict() == load_config(None).to_dict(), "baseline.yaml spells out the defaults"
+
+
+def test_unknown_key_suggests_the_nearest(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  stpes: 3\n")
+    with pytest.raises(ConfigError, match=r"unknown key in section 'train' 'stpes'; did you mean 'steps'"):
+        load_config(p)
+
+
+def test_unknown_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("optimizer:\n  lr: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown config section 'optimizer'; did you mean 'optim'"):
+        load_config(p)
+
+
+def test_overrides_are_yaml_scalars():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["train.steps=7", "data.token_budget=null", "optim.lr=0.5"])
+    assert cfg.train.steps == 7 and cfg.data.token_budget is None and cfg.optim.lr == 0.5
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.backend=tpu", "choose openxla, inductor or eager"),
+    ("data.batch_size=10", "multiple of data.row_multiple"),
+    ("model.patch_stride=20", "patch_stride=20 must be in 1..patch_size"),
+    ("steps=3", "section.key=value"),
+])
+def test_invalid_values_say_how_to_fix(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "tiny.yaml", [override])

@@ -1,0 +1,71 @@
+"""Checkpoints round-trip weights and AdamW state exactly, refuse damaged or mismatched files."""
+
+import pytest
+import torch
+from torch import nn
+
+from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
+
+
+def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW([{"params": model[0].parameters(), "lr": 0.1},
+                             {"params": model[2].parameters(), "lr": 0.01, "weight_decay": 0.0}])
+    return model, opt
+
+
+def _train(model, opt, steps):
+    for i in range(steps):
+        x = torch.full((3, 4), float(i + 1), dtype=torch.float32)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return loss.item()
+
+
+def test_round_trip_continues_identically(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    _train(model, opt, 3)
+    state = TrainState(step=3, batches=3, best_per=0.5, best_step=2, sessions=["a", "b"], config={"x": {"y": 1}})
+    path = save_checkpoint(tmp_path / "last.safetensors", model, opt, state)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.safetensors"], "no temp file left behind"
+    reference = _train(model, opt, 2)
+
+    model2, opt2 = _model_and_optimizer(1)
+    loaded = load_checkpoint(path, model2, opt2)
+    assert loaded == state
+    assert _train(model2, opt2, 2) == reference
+    assert opt2.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_file_is_not_a_pickle(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, TrainState())
+    tensors, meta = read_checkpoint(path)
+    assert not path.read_bytes().startswith(b"\x80"), "pickle protocol header"
+    assert meta["format"] == "b2t-checkpoint-1" and "model.0.weight" in tensors
+
+
+def test_shape_mismatch_names_the_key(tmp_path):
+    model, _ = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, None, TrainState())
+    other = nn.Sequential(nn.Linear(4, 9), nn.Tanh(), nn.Linear(9, 2))
+    with pytest.raises(ValueError, match=r"0\.weight has shape \(8, 4\), the model wants \(9, 4\)"):
+        load_checkpoint(path, other)
+
+
+def test_weights_only_checkpoint_cannot_resume(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "best.safetensors", model, None, TrainState())
+    with pytest.raises(ValueError, match="holds no optimizer state"):
+        load_checkpoint(path, model, opt)
+
+
+def test_damaged_file_is_a_clear_error(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, TrainState())
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(ValueError, match="not a readable b2t checkpoint"):
+        load_checkpoint(path, model, opt)
