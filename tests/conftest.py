@@ -4,7 +4,12 @@ import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
+import torch_xla  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+# Create the XLA device before any CPU backward runs: otherwise the autograd engine's
+# device queues are set up without it and the first XLA backward fails an internal assert.
+torch_xla.device()
 
 settings.register_profile(
     "b2t",

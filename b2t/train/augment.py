@@ -1,0 +1,114 @@
+"""On-device augmentations that keep every batch's shape, so the compiled step never recompiles.
+
+The reference recipe (white noise, a constant offset per trial and channel, a random cut
+of 0..max_start_cut bins from the start, Gaussian smoothing along time) changes T when it
+cuts. Here the cut is a shift left within the fixed T with each row's length reduced, so
+the graph sees one shape per bucket. All randomness comes from torch's RNG on the
+features' device (on XLA the device RNG), so nothing is read back to the host.
+
+Padding stays padding: bins at and beyond each row's (new) length are zero on return,
+both before smoothing (valid bins near the end are smoothed against zeros, in training as
+in evaluation) and after it (smoothing would spread signal into the first padding bins).
+Shape legend: B rows, T time bins, F features, K kernel taps.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from b2t.config import AugmentConfig
+
+_TRUNCATE_STDS = 4.0
+"""Support of the kernel before thresholding, in stds (as scipy's gaussian_filter1d)."""
+_MIN_TAP = 0.01
+"""Taps of the normalised kernel at or below this are dropped (the reference's rule)."""
+
+
+def gaussian_kernel(std: float) -> Tensor:
+    """The reference's smoothing kernel: (K,) float32, odd K, centred, summing to 1.
+
+    A Gaussian sampled at integer offsets |x| <= round(4 std), normalised; taps not above
+    0.01 dropped; normalised again. For std 2 that leaves the 9 taps at |x| <= 4.
+    """
+    if std <= 0:
+        raise ValueError(f"smoothing std must be > 0, got {std} (augment.smooth_std = 0 turns smoothing off)")
+    radius = int(_TRUNCATE_STDS * std + 0.5)
+    x = torch.arange(-radius, radius + 1, dtype=torch.float64, device="cpu")
+    w = torch.exp(-0.5 * (x / std) ** 2)
+    w = w / w.sum()
+    w = w[w > _MIN_TAP]  # the Gaussian is unimodal, so the kept taps stay contiguous and centred
+    if w.numel() == 0:
+        raise ValueError(f"smoothing std {std} is too wide: every kernel tap is below {_MIN_TAP}")
+    return (w / w.sum()).to(torch.float32)
+
+
+def smooth(features: Tensor, kernel: Tensor) -> Tensor:
+    """Convolve every channel along time with `kernel`, keeping length T ('same', zero padded).
+
+    One depthwise conv1d: a single op that lowers on XLA. Computed in float32 even under
+    autocast (a bf16 sum of taps would lose the small features); returns the input dtype.
+    """
+    _, _, n_feat = features.shape  # (B, T, F)
+    K = kernel.numel()
+    if K % 2 != 1:
+        raise ValueError(f"smoothing kernel must have an odd length to stay centred, got {K}")
+    with torch.autocast(device_type=features.device.type, enabled=False):
+        w = kernel.to(device=features.device, dtype=torch.float32).view(1, 1, K).expand(n_feat, 1, K)  # (F, 1, K)
+        x = features.to(torch.float32).transpose(1, 2)  # (B, F, T)
+        y = F.conv1d(x, w, padding=K // 2, groups=n_feat)  # (B, F, T)
+    return y.transpose(1, 2).to(features.dtype)  # (B, T, F)
+
+
+def _zero_beyond(features: Tensor, n_time_steps: Tensor) -> Tensor:
+    T = features.shape[1]
+    t = torch.arange(T, dtype=n_time_steps.dtype, device=features.device)
+    keep = t[None, :] < n_time_steps[:, None]  # (B, T)
+    return features * keep[:, :, None].to(features.dtype)
+
+
+def shift_start(features: Tensor, n_time_steps: Tensor, cut: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop the first `cut[b]` bins of each row by shifting it left within the same T.
+
+    `cut` (B,) holds non-negative integers (not checked: that would be a host sync).
+    Returns the shifted features, zero at and beyond each new length, and the new lengths
+    `max(n - cut, 0)` in the dtype of `n_time_steps`.
+    """
+    B, T, n_feat = features.shape
+    cut = cut.to(n_time_steps.dtype)
+    t = torch.arange(T, dtype=torch.int64, device=features.device)
+    src = (t[None, :] + cut.to(torch.int64)[:, None]).clamp(max=T - 1)  # (B, T) source bin of each bin
+    shifted = torch.gather(features, 1, src[:, :, None].expand(B, T, n_feat))  # (B, T, F)
+    n_new = (n_time_steps - cut).clamp(min=0)
+    return _zero_beyond(shifted, n_new), n_new
+
+
+def augment(features: Tensor, n_time_steps: Tensor, cfg: AugmentConfig, *, train: bool) -> tuple[Tensor, Tensor]:
+    """The reference augmentations on a fixed-shape batch: (B, T, F) features, (B,) lengths.
+
+    Training: white noise per bin and channel, an offset per row and channel, a start cut
+    drawn uniformly from 0..max_start_cut per row, then smoothing. Evaluation: smoothing
+    only, which is deterministic. Returns features in the input dtype (computed in float32)
+    and the new lengths in the dtype of `n_time_steps`.
+    """
+    B, T, n_feat = features.shape
+    if tuple(n_time_steps.shape) != (B,):
+        raise ValueError(f"n_time_steps has shape {tuple(n_time_steps.shape)}, "
+                         f"expected ({B},) for features {tuple(features.shape)}")
+    device = features.device
+    x = features.to(torch.float32)
+    n = n_time_steps
+    if train:
+        if cfg.white_noise_std > 0:
+            x = x + cfg.white_noise_std * torch.randn((B, T, n_feat), dtype=torch.float32, device=device)
+        if cfg.constant_offset_std > 0:
+            x = x + cfg.constant_offset_std * torch.randn((B, 1, n_feat), dtype=torch.float32, device=device)
+    if train and cfg.max_start_cut > 0:
+        cut = torch.randint(0, cfg.max_start_cut + 1, (B,), dtype=n.dtype, device=device)
+        x, n = shift_start(x, n, cut)
+    else:
+        x = _zero_beyond(x, n)  # noise must not fill the padding
+    if cfg.smooth_std > 0:
+        x = _zero_beyond(smooth(x, gaussian_kernel(cfg.smooth_std)), n)
+    return x.to(features.dtype), n

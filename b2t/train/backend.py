@@ -1,0 +1,105 @@
+"""How the one step function is compiled and run: openxla, inductor or eager.
+
+The backend changes how the step is compiled, never what it computes. Everything that
+differs between devices lives here: which device, how to compile, how to wait for the
+device, how to seed its RNG, and (on XLA) how many compilations and host fallbacks the
+run has caused so far, read from `torch_xla.debug.metrics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from b2t.contract import COMPUTE_DTYPE
+
+BACKENDS = ("openxla", "inductor", "eager")
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    compilations: int  # XLA compilations so far (0 off XLA)
+    fallbacks: dict[str, int]  # `aten::` counters: ops that ran on the host instead of the device
+
+    def to_dict(self) -> dict:
+        return {"compilations": self.compilations, "fallbacks": self.fallbacks}
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    device: torch.device
+
+    @property
+    def xla(self) -> bool:
+        return self.device.type == "xla"
+
+    def compile(self, fn: Callable) -> Callable:
+        """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
+        if self.name == "eager":
+            return fn
+        backend = "openxla" if self.name == "openxla" else "inductor"
+        return torch.compile(fn, backend=backend, dynamic=False)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 compute around the forward; f32 master weights and optimizer state stay f32."""
+        return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE)
+
+    def sync(self) -> None:
+        """Cut the lazy XLA graph here and run it (a no-op off XLA)."""
+        if self.xla:
+            import torch_xla
+
+            torch_xla.sync()
+
+    def wait(self) -> None:
+        """Block until the device has finished queued work (for timing)."""
+        if self.xla:
+            import torch_xla.core.xla_model as xm
+
+            self.sync()
+            xm.wait_device_ops()
+        elif self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def seed(self, seed: int) -> None:
+        """Seed the device RNG (noise, dropout): reseeding per step makes resumes exact."""
+        if self.xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(seed, device=str(self.device))
+        else:
+            torch.manual_seed(seed)
+
+    def stats(self) -> CompileStats:
+        if not self.xla:
+            return CompileStats(0, {})
+        import torch_xla.debug.metrics as met
+
+        data = met.metric_data("CompileTime")
+        return CompileStats(
+            compilations=int(data[0]) if data else 0,
+            fallbacks={n: int(met.counter_value(n)) for n in met.counter_names() if n.startswith("aten::")},
+        )
+
+
+def make_backend(name: str, device: str | None = None) -> Backend:
+    """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    if name == "openxla":
+        os.environ.setdefault("PJRT_DEVICE", "CPU" if not _tpu_present() else "TPU")
+        import torch_xla
+
+        return Backend(name, torch.device(device) if device else torch_xla.device())
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Backend(name, torch.device(device))
+
+
+def _tpu_present() -> bool:
+    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")

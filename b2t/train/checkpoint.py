@@ -1,0 +1,85 @@
+"""Checkpoints: one safetensors file per checkpoint, written atomically, never pickled.
+
+A file holds the model weights (`model.<name>`), the AdamW state (`optim.<param>.<key>`)
+and, as JSON in the safetensors metadata, everything needed to continue exactly: step,
+batches consumed, best validation PER, the config, the session list (day index order)
+and the optimizer's param-group settings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as st_save
+
+from b2t.data.manifest import atomic_write_bytes
+
+FORMAT = "b2t-checkpoint-1"
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    batches: int = 0  # train batches consumed from the stream
+    best_per: float = float("inf")
+    best_step: int = -1
+    sessions: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: TrainState) -> Path:
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    meta: dict[str, Any] = {"format": FORMAT, "state": state.__dict__}
+    if optimizer is not None:
+        sd = optimizer.state_dict()
+        for i, s in sd["state"].items():
+            for k, v in s.items():
+                tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+        # b2t's learning rates are device tensors (b2t.train.optim); JSON takes their value
+        meta["param_groups"] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items()}
+                                for g in sd["param_groups"]]
+    return atomic_write_bytes(path, st_save(tensors, metadata={"b2t": json.dumps(meta)}))
+
+
+def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """All tensors and the metadata of a checkpoint file; clear errors for anything else."""
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint {path} not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("b2t", "{}"))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for a damaged header
+        raise ValueError(f"{path} is not a readable b2t checkpoint: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
+    return tensors, meta
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> TrainState:
+    """Load weights (and optimizer state when given) in place; returns the saved TrainState."""
+    tensors, meta = read_checkpoint(path)
+    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    missing = sorted(set(model.state_dict()) - set(weights))
+    extra = sorted(set(weights) - set(model.state_dict()))
+    if missing or extra:
+        raise ValueError(f"{path}: weights do not fit the model: missing {missing}, unexpected {extra}")
+    for k, v in model.state_dict().items():
+        if tuple(weights[k].shape) != tuple(v.shape):
+            raise ValueError(f"{path}: {k} has shape {tuple(weights[k].shape)}, the model wants {tuple(v.shape)}")
+    model.load_state_dict(weights)
+    if optimizer is not None:
+        if "param_groups" not in meta:
+            raise ValueError(f"{path} holds no optimizer state: cannot resume training from it")
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for k, v in tensors.items():
+            if k.startswith("optim."):
+                _, i, key = k.split(".", 2)
+                state.setdefault(int(i), {})[key] = v
+        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return TrainState(**meta["state"])
