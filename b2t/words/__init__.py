@@ -1,0 +1,7 @@
+"""Phonemes -> words: pronunciation lexicons, n-gram LMs built as ARPA text, and the
+lexicon-constrained CTC beam search (flashlight-text + KenLM) that turns one trial's
+phoneme log-probabilities into a sentence, beside the no-LM greedy spelling baseline.
+
+Modules: `lexicon` (word pronunciations, text normalisation), `ngram` (ARPA builder),
+`beam` (decoder), `cli` (`b2t-lm build`, `b2t-lm lexicon`).
+"""

