@@ -18,6 +18,9 @@ class DataError(ValueError):
         where = f"{self.file}: {trial}" if trial else self.file
         super().__init__(f"{where}: {problem}")
 
+    def __reduce__(self):  # rebuilt intact when raised in a worker process
+        return (DataError, (self.file, self.trial, self.problem))
+
 
 @dataclass(frozen=True)
 class TrialRef:

@@ -1,0 +1,133 @@
+"""`b2t-preprocess verify DIR`: does every shard still match the manifest, byte for byte and batch by batch?
+
+A trainer that meets a bad shard hours into a run loses the run; checking sizes and
+sha256 first (cheap) and then decoding every batch against the contract (thorough)
+moves that failure to a command that names the shard.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import webdataset as wds
+
+from b2t.contract import BucketShape, check_batch
+from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.sample import decode_sample
+from preprocess.hdf5_source import file_fingerprint
+from preprocess.writer import one_torch_thread
+
+
+@dataclass
+class VerifyReport:
+    directory: Path
+    shards: int = 0  # shards the manifest lists
+    batches: int = 0  # batches decoded and checked
+    errors: list[str] = field(default_factory=list)  # each names its shard
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        verdict = "OK" if self.ok else f"FAILED ({len(self.errors)} problems)"
+        lines = [f"{self.directory}: {verdict}: {self.shards} shards, {self.batches} batches decoded"]
+        lines += [f"  error: {e}" for e in self.errors] + [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape: BucketShape,
+                   n_sessions: int) -> list[str]:
+    """What is wrong with one decoded batch beyond the contract's shapes and dtypes."""
+    try:
+        check_batch(tensors, shape)
+    except ValueError as e:
+        return [str(e)]
+    valid, lengths, labels = tensors["valid"], tensors["n_time_steps"], tensors["phone_seq_lens"]
+    problems = []
+    if len(meta["rows"]) != shape.B or [r is not None for r in meta["rows"]] != valid.tolist():
+        problems.append("meta rows disagree with the valid mask")
+    if bool(((lengths < 1) | (lengths > shape.T))[valid].any()) or bool(lengths[~valid].any()):
+        problems.append(f"n_time_steps outside 1..T={shape.T} in a valid row, or nonzero in a padding row")
+    if bool((labels > shape.L).any()) or bool(labels[~valid].any()):
+        problems.append(f"phone_seq_lens above L={shape.L}, or nonzero in a padding row")
+    if bool(((tensors["day_indices"] < 0) | (tensors["day_indices"] >= n_sessions)).any()):
+        problems.append(f"day_indices outside 0..{n_sessions - 1}")
+    time_mask = torch.arange(shape.T, dtype=torch.int32, device="cpu")[None, :] < lengths[:, None]  # (B, T)
+    if bool(tensors["features"][~time_mask].any()):
+        problems.append("features are nonzero beyond a row's n_time_steps")
+    label_mask = torch.arange(shape.L, dtype=torch.int32, device="cpu")[None, :] < labels[:, None]  # (B, L)
+    if bool(tensors["seq_class_ids"][~label_mask].any()):
+        problems.append("seq_class_ids are nonzero beyond a row's phone_seq_lens")
+    return problems
+
+
+def _check_samples(path: Path, entry: ShardEntry, manifest: Manifest) -> tuple[int, list[str]]:
+    """Decode every batch of one shard; (batches read, problems naming the shard and batch)."""
+    problems, batches, trials = [], 0, 0
+    for sample in wds.WebDataset(str(path), shardshuffle=False, empty_check=False):
+        key = sample["__key__"]
+        try:
+            tensors, meta = decode_sample(sample)
+            shape = manifest.buckets[meta["bucket"]]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            problems.append(f"{entry.name}: batch {key} does not decode: {e}")
+            continue
+        batches += 1
+        trials += int(tensors["valid"].sum())
+        if (meta["split"], meta["epoch"]) != (entry.split, entry.epoch):
+            problems.append(f"{entry.name}: batch {key} says split {meta['split']} epoch {meta['epoch']}")
+        found = batch_problems(tensors, meta, shape, len(manifest.sessions))
+        problems += [f"{entry.name}: batch {key}: {p}" for p in found]
+    if (batches, trials) != (entry.n_batches, entry.n_trials):
+        problems.append(f"{entry.name}: holds {batches} batches / {trials} trials, "
+                        f"the manifest says {entry.n_batches} / {entry.n_trials}")
+    return batches, problems
+
+
+def verify(directory: str | Path, *, decode: bool = True) -> VerifyReport:
+    """Check every shard the manifest lists (existence, size, sha256 and, with `decode`, each batch)."""
+    directory = Path(directory)
+    report = VerifyReport(directory)
+    try:
+        manifest = Manifest.load(directory)
+    except (FileNotFoundError, ValueError) as e:
+        report.errors.append(str(e))
+        return report
+    report.shards = len(manifest.shards)
+    for entry in manifest.shards:
+        path = directory / entry.name
+        if not path.is_file():
+            report.errors.append(f"{entry.name}: missing")
+            continue
+        size = path.stat().st_size
+        if size != entry.bytes:
+            report.errors.append(f"{entry.name}: {size} bytes, the manifest says {entry.bytes}")
+            continue
+        digest = file_fingerprint(path)["sha256"]
+        if digest != entry.sha256:
+            report.errors.append(f"{entry.name}: sha256 {digest[:16]}... differs from the manifest's "
+                                 f"{entry.sha256[:16]}...")
+            continue
+        if decode:
+            try:
+                with one_torch_thread():
+                    batches, problems = _check_samples(path, entry, manifest)
+            except (OSError, ValueError, tarfile.TarError) as e:  # a tar that cannot be read at all
+                batches, problems = 0, [f"{entry.name}: unreadable: {e}"]
+            report.batches += batches
+            report.errors += problems
+    for split, stats in manifest.splits.items():
+        listed = sum(s.n_batches for s in manifest.shards_of(split))
+        if listed != stats["n_batches"]:
+            report.errors.append(f"split {split}: shards hold {listed} batches, its stats say {stats['n_batches']}")
+    listed_names = {s.name for s in manifest.shards}
+    for path in sorted(directory.glob("*.tar")):
+        if path.name not in listed_names:
+            report.warnings.append(f"{path.name}: on disk but not in the manifest (left from another run?)")
+    return report
