@@ -1,0 +1,108 @@
+"""The stacked GRU: one set of parameters, two ways to run it, and the one graph break.
+
+The parameters always live in torch's own GRU module (taken from `torch.nn.modules.rnn`
+because `import torch_xla` rebinds `torch.nn.GRU` process-wide to a class that rejects
+CPU and CUDA tensors), so checkpoints are the same whichever backend wrote them:
+
+- eager and inductor (CPU, CUDA) call that module: the ATen or cuDNN kernel;
+- XLA calls `scan_gru`, the same equations with each layer's time loop lowered to one XLA
+  while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
+  (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
+
+Why not torch_xla's own scan GRU (`torch_xla.experimental.gru`): its traced step is cached
+by input shapes and dtypes but not by the autocast state, so after one call without
+autocast (an eval pass, say) a call under bf16 autocast reuses the f32 trace and the
+compile fails ("mixed precision is disallowed"), or, in the other order, an f32 call
+silently computes in bf16. It also multiplies the 7168-wide input by `weight_ih` inside
+the loop, one row block per step. Here the input projection is one matmul over all steps
+outside the loop, and the loop body runs with autocast off and explicit dtypes, so its
+trace depends only on what the cache key holds.
+
+The graph break: the decoder runs the recurrence as one explicit island
+(`GRUDecoder.recurrence`, under `torch.compiler.disable`) on every backend. On XLA because
+dynamo with the openxla backend cannot trace `scan` in torch 2.9 / torch_xla 2.9;
+elsewhere because dynamo refuses RNN modules anyway (unless the global
+`torch._dynamo.config.allow_rnn` is set) and the cuDNN kernel is what should run.
+
+Shape legend: B batch rows, P time steps (patches), D input width, H hidden units,
+L layers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.rnn import GRU as TorchGRU
+
+from b2t.config import ModelConfig
+from b2t.contract import PARAM_DTYPE
+
+Carry = dict[str, torch.Tensor]
+
+
+def make_gru(input_size: int, cfg: ModelConfig) -> TorchGRU:
+    """A batch-first `cfg.n_layers` x `cfg.n_units` GRU, initialised like the reference.
+
+    Init: `weight_hh` orthogonal, `weight_ih` xavier-uniform, biases left at torch's
+    default uniform(+-1/sqrt(n_units)) as the reference leaves them. Made on the CPU in
+    f32 so one seed gives the same weights whatever device runs the model.
+    """
+    gru = TorchGRU(
+        input_size,
+        cfg.n_units,
+        cfg.n_layers,
+        batch_first=True,
+        dropout=cfg.rnn_dropout if cfg.n_layers > 1 else 0.0,  # torch warns on 1 layer
+        device=torch.device("cpu"),
+        dtype=PARAM_DTYPE,
+    )
+    for name, param in gru.named_parameters():
+        if name.startswith("weight_hh"):
+            torch.nn.init.orthogonal_(param)
+        elif name.startswith("weight_ih"):
+            torch.nn.init.xavier_uniform_(param)
+    return gru
+
+
+def scan_gru(gru: TorchGRU, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+    """What `gru(x, h0)[0]` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
+
+    Matmuls run in the autocast dtype when autocast is on (else in the input's dtype);
+    the hidden state stays in h0's dtype (f32) so rounding does not pile up over the steps.
+    `h0` is (L, B, H). Dropout `gru.dropout` acts between layers in training mode.
+    """
+    from torch_xla.experimental.scan import scan
+
+    device_type = x.device.type
+    compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    y = x.transpose(0, 1)  # (P, B, D): scan walks the leading dim
+    for layer in range(gru.num_layers):
+        w_ih = getattr(gru, f"weight_ih_l{layer}").to(compute)
+        gates_x = F.linear(y.to(compute), w_ih)  # (P, B, 3H): all steps in one matmul
+        # The carry holds the f32 parameters: the scan sums their gradients over all steps in
+        # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
+        params = {name: getattr(gru, f"{name}_l{layer}") for name in ("weight_hh", "bias_ih", "bias_hh")}
+        with torch.autocast(device_type, enabled=False):
+            _, y = scan(_gru_step, {"h": h0[layer], **params}, gates_x, is_fn_pure=True)  # (P, B, H)
+        if layer < gru.num_layers - 1:
+            y = F.dropout(y, gru.dropout, gru.training)
+    return y.transpose(0, 1)  # (B, P, H)
+
+
+def _gru_step(carry: Carry, gates_x: torch.Tensor) -> tuple[Carry, torch.Tensor]:
+    """One time step of torch's GRU equations (gate order r, z, n); weights ride in the carry.
+
+    Module-level and pure so `scan` reuses its trace; the parameters are carried, not
+    closed over, because a scan body may not capture tensors.
+    """
+    h = carry["h"]  # (B, H), carried in full precision
+    compute = gates_x.dtype
+    gates_x = gates_x + carry["bias_ih"].to(compute)  # (B, 3H)
+    gates_h = F.linear(h.to(compute), carry["weight_hh"].to(compute), carry["bias_hh"].to(compute))  # (B, 3H)
+    x_r, x_z, x_n = gates_x.chunk(3, dim=1)
+    h_r, h_z, h_n = gates_h.chunk(3, dim=1)
+    r = torch.sigmoid(x_r + h_r)
+    z = torch.sigmoid(x_z + h_z).to(h.dtype)
+    n = torch.tanh(x_n + r * h_n).to(h.dtype)
+    h_new = n + z * (h - n)  # = (1 - z) * n + z * h
+    return {**carry, "h": h_new}, h_new
