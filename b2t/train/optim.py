@@ -77,6 +77,10 @@ def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
                              capturable=device.type in _CAPTURABLE_DEVICES)
 
 
+_LR_EPSILON = 1e-30
+"""Smallest lr written to a group: an update this small is zero in f32, yet finite."""
+
+
 def lr_at(step: int, peak: float, floor: float, warmup: int, decay_end: int) -> float:
     """Learning rate at optimizer step `step` (0-based).
 
@@ -104,7 +108,9 @@ def set_lrs(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig) -> di
     for g in optimizer.param_groups:
         name = g.get("name", "decay")
         value = day if name == "day" else main
-        host = torch.tensor([value], dtype=torch.float32, device="cpu")
+        # Capturable AdamW divides by lr: at exactly 0 (the warm-up's first step) a weight
+        # whose gradient and moments are 0 (a day absent so far) becomes 0/0 = NaN.
+        host = torch.tensor([max(value, _LR_EPSILON)], dtype=torch.float32, device="cpu")
         device = g["params"][0].device
         lr = g.get("lr")
         if isinstance(lr, torch.Tensor) and lr.device == device and lr.shape == (1,):

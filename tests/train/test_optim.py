@@ -172,3 +172,17 @@ def test_on_xla_changing_lrs_never_recompile():
     assert [c for c in met.counter_names() if c.startswith("aten::")] == []
     for (name, a), b in zip(model.named_parameters(), cpu_model.parameters()):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_first_warm_up_step_keeps_untouched_weights_finite_on_xla():
+    """Step 0 has lr 0; capturable AdamW divides by lr, so a zero-gradient weight must not become 0/0."""
+    model = Toy().to(XLA)
+    opt = make_optimizer(model, OptimConfig(warmup_steps=10, decay_steps=100))
+    model.out.weight.sum().backward()  # only out.weight gets a gradient; day_weights stays at zero
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    set_lrs(opt, 0, OptimConfig(warmup_steps=10, decay_steps=100))
+    opt.step()
+    torch_xla.sync()
+    assert all(bool(torch.isfinite(p.cpu()).all()) for p in model.parameters())
