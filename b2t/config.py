@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from b2t.train.backend import BACKENDS
+
 
 class ConfigError(ValueError):
     """A config value or key that cannot be used; the message says how to fix it."""
@@ -101,7 +103,7 @@ class OptimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    backend: str = "openxla"  # openxla | inductor | eager
+    backend: str = "openxla"  # openxla | xla (lazy whole-step tracing) | inductor | eager
     steps: int = 120_000  # optimizer steps
     grad_accum: int = 1  # fixed-shape micro-batches per optimizer step
     val_every: int = 2000  # steps between validations (and best-checkpoint checks)
@@ -112,8 +114,7 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _require(self.backend in ("openxla", "inductor", "eager"),
-                 f"train.backend={self.backend!r}: choose openxla, inductor or eager")
+        _require(self.backend in BACKENDS, f"train.backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
         for name in ("steps", "grad_accum", "val_every", "log_every", "checkpoint_every", "shuffle_buffer"):
             _require(getattr(self, name) >= 1, f"train.{name} must be >= 1")
         _require(self.num_workers >= 0, "train.num_workers must be >= 0")

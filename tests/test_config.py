@@ -45,7 +45,7 @@ def test_overrides_are_yaml_scalars():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.backend=tpu", "choose openxla, inductor or eager"),
+    ("train.backend=tpu", "choose one of openxla, xla, inductor, eager"),
     ("data.batch_size=10", "multiple of data.row_multiple"),
     ("model.patch_stride=20", "patch_stride=20 must be in 1..patch_size"),
     ("steps=3", "section.key=value"),

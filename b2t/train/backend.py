@@ -1,4 +1,12 @@
-"""How the one step function is compiled and run: openxla, inductor or eager.
+"""How the one step function is compiled and run: openxla, xla, inductor or eager.
+
+- openxla: `torch.compile(backend="openxla")` on the XLA device; dynamo compiles the dense
+  parts, the recurrences run as XLA while-loops in between (about 25 small graphs per
+  bucket shape on the tiny config).
+- xla: no dynamo; the whole step is traced lazily and cut by `torch_xla.sync()`, which is
+  what `torch_xla.compile` does and what the torch_xla docs recommend for performance
+  (about 3 graphs per bucket shape).
+- inductor: `torch.compile` for CUDA or CPU; eager: plain PyTorch.
 
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how to compile, how to wait for the
@@ -17,7 +25,7 @@ import torch
 
 from b2t.contract import COMPUTE_DTYPE
 
-BACKENDS = ("openxla", "inductor", "eager")
+BACKENDS = ("openxla", "xla", "inductor", "eager")
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class Backend:
 
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
-        if self.name == "eager":
+        if self.name in ("eager", "xla"):
             return fn
         backend = "openxla" if self.name == "openxla" else "inductor"
         return torch.compile(fn, backend=backend, dynamic=False)
@@ -91,7 +99,7 @@ def make_backend(name: str, device: str | None = None) -> Backend:
     """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    if name == "openxla":
+    if name in ("openxla", "xla"):
         os.environ.setdefault("PJRT_DEVICE", "CPU" if not _tpu_present() else "TPU")
         import torch_xla
 

@@ -72,7 +72,8 @@ def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     groups = param_groups(model, cfg)
     for g in groups:
         g["lr"] = torch.zeros((1,), dtype=torch.float32, device=device)
-    return torch.optim.AdamW(groups, lr=torch.zeros((1,), dtype=torch.float32, device=device),
+    # every group has its own lr tensor; a float default keeps AdamW's `0 <= lr` check on the host
+    return torch.optim.AdamW(groups, lr=0.0,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              capturable=device.type in _CAPTURABLE_DEVICES)
 

@@ -1,0 +1,120 @@
+"""Shards -> batches through WebDataset with `batch_size=None`: a sample already is a batch.
+
+The order of train batches is a pure function of (seed, pass, rank), so a resumed run
+skips exactly the batches it has consumed and sees the same stream as an uninterrupted
+one. Pass p reads the manifest's train composition `p % epochs` with its shards in a
+seeded order, then shuffles batches in a seeded buffer. Each host (rank of world) reads
+every world-th shard of that order; each loader worker reads its share of those.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader
+
+from b2t.contract import check_batch
+from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.sample import decode_sample
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One decoded batch: contract tensors (on the host until moved) plus its bucket and meta."""
+
+    bucket: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.bucket, {k: v.to(device) for k, v in self.tensors.items()}, self.meta)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    seed: int = 0
+    shuffle_buffer: int = 1  # batches held for shuffling; 1 = manifest order
+    num_workers: int = 0
+    rank: int = 0  # this host among `world` hosts
+    world: int = 1
+
+
+class _Decoder:
+    """Picklable decode stage (runs in loader workers) that also enforces the contract."""
+
+    def __init__(self, manifest: Manifest):
+        self.buckets = manifest.buckets
+
+    def __call__(self, sample: dict[str, Any]) -> Batch:
+        tensors, meta = decode_sample(sample)
+        bucket = int(meta["bucket"])
+        try:
+            check_batch(tensors, self.buckets[bucket])
+        except (ValueError, IndexError) as e:
+            raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: {e}") from None
+        return Batch(bucket, tensors, meta)
+
+
+def pass_shards(manifest: Manifest, split: str, pass_index: int, cfg: StreamConfig) -> list[ShardEntry]:
+    """The shards this rank reads in pass `pass_index` of `split` (train: seeded order)."""
+    if split == "train":
+        epochs = manifest.epochs("train")
+        if not epochs:
+            raise ValueError("the dataset has no train shards: preprocess with the train split")
+        shards = manifest.shards_of("train", epochs[pass_index % len(epochs)])
+        random.Random(f"{cfg.seed}:{pass_index}").shuffle(shards)
+    else:
+        shards = manifest.shards_of(split)
+        if not shards:
+            raise ValueError(f"the dataset has no {split} shards: preprocess with the {split} split")
+    if len(shards) < cfg.world:
+        raise ValueError(
+            f"{len(shards)} {split} shards cannot feed {cfg.world} hosts: "
+            "preprocess with fewer batches_per_shard so shards outnumber hosts"
+        )
+    return shards[cfg.rank :: cfg.world]
+
+
+def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamConfig, shuffle_seed: str) -> Iterator[Batch]:
+    stages: list[Any] = [
+        wds.SimpleShardList([str(root / s.name) for s in shards]),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+    ]
+    if cfg.shuffle_buffer > 1:
+        stages.append(wds.shuffle(cfg.shuffle_buffer, initial=cfg.shuffle_buffer, seed=shuffle_seed))
+    stages.append(wds.map(_Decoder(manifest)))
+    loader = DataLoader(
+        wds.DataPipeline(*stages),
+        batch_size=None,
+        num_workers=min(cfg.num_workers, len(shards)),
+        collate_fn=None,
+    )
+    yield from loader
+
+
+def train_batches(root: str | Path, manifest: Manifest, cfg: StreamConfig, *, start: int = 0) -> Iterator[Batch]:
+    """Endless train stream; `start` batches (counted from the very first) are skipped."""
+    root = Path(root)
+    for p in itertools.count():
+        shards = pass_shards(manifest, "train", p, cfg)
+        n = sum(s.n_batches for s in shards)
+        if start >= n:
+            start -= n
+            continue
+        stream = _read(root, manifest, shards, cfg, shuffle_seed=f"{cfg.seed}:{p}:shuffle")
+        yield from itertools.islice(stream, start, None)
+        start = 0
+
+
+def eval_batches(root: str | Path, manifest: Manifest, split: str, cfg: StreamConfig) -> Iterator[Batch]:
+    """Every batch of `split` (val/test) once, in manifest order per worker."""
+    unshuffled = StreamConfig(seed=cfg.seed, shuffle_buffer=1, num_workers=cfg.num_workers, rank=cfg.rank, world=cfg.world)
+    yield from _read(Path(root), manifest, pass_shards(manifest, split, 0, unshuffled), unshuffled, "")
