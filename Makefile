@@ -16,12 +16,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training -> eval.
+# End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training ->
+# PER/WER on val -> competition CSV for test. Re-running resumes or skips finished work.
 demo: install
 	$(VENV)/bin/b2t-synth $(DEMO)/hdf5 --sessions 5 --seed 0
 	$(VENV)/bin/b2t-preprocess $(DEMO)/hdf5 $(DEMO)/shards --config configs/tiny.yaml --workers 2
 	$(VENV)/bin/b2t-preprocess verify $(DEMO)/shards
-	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config configs/tiny.yaml --backend openxla
+	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config configs/tiny.yaml --backend openxla \
+		$(if $(wildcard $(DEMO)/run/last.safetensors),--resume)
+	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.arpa
+	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split val \
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_val
+	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split test \
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
 
 test: install
 	$(VENV)/bin/python -m pytest -q

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from b2t.config import ConfigError, load_config
+from b2t.config import Config, ConfigError, load_config
 from b2t.train.backend import BACKENDS
 
 config_option = click.option(
@@ -28,7 +28,7 @@ def fail(message: str) -> None:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path), required=False)
 @config_option
 @set_option
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -39,9 +39,20 @@ def fail(message: str) -> None:
               help="Fail the run if XLA compiled more graphs than this (a recompilation guard for CI).")
 @click.option("--device", default=None, help="Device override, e.g. cuda:1 (default: the backend's first device).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs still go to RUN_DIR/metrics.jsonl).")
-def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides: tuple[str, ...],
+@click.option("--devices", default=None, metavar="all|N",
+              help="Data-parallel over all (or N) devices of this host with XLA SPMD (openxla/xla backends); "
+                   "every bucket's B must divide by the device count (data.row_multiple). On GPUs use "
+                   "torchrun --nproc-per-node N b2t-train ... instead.")
+@click.option("--mesh", default=None, metavar="data=N", help="The SPMD mesh, the same as --devices N.")
+@click.option("--plan", is_flag=True,
+              help="Print the bucket table, device count and estimated per-device memory, then exit "
+                   "(nothing is compiled; RUN_DIR is not needed).")
+@click.option("--device-memory", default=None, metavar="SIZE",
+              help="With --plan: memory per device, e.g. 16GiB; prints the largest micro-batch that fits.")
+def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
-               no_progress: bool) -> None:
+               no_progress: bool, devices: str | None, mesh: str | None, plan: bool,
+               device_memory: str | None) -> None:
     """Train the GRU phoneme decoder on DATASET (a b2t-preprocess output) into RUN_DIR.
 
     Every bucket shape is compiled before the first step ("compiling bucket T=..."), after
@@ -50,16 +61,56 @@ def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides
     XLA compilations and host fallbacks).
     """
     from b2t.train.loop import RunOptions, TrainingError, train
+    from b2t.train.parallel import parse_devices
 
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
         cfg = load_config(config_path, overrides)
+        n_devices = parse_devices(devices, mesh)
+        if plan:
+            click.echo(_plan_text(dataset, cfg, n_devices, device_memory))
+            return
+        if device_memory is not None:
+            raise ValueError("--device-memory is a --plan option")
+        if run_dir is None:
+            raise ValueError("RUN_DIR is required (only --plan runs without one)")
         summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
-                                                           progress=not no_progress, device=device))
+                                                           progress=not no_progress, device=device,
+                                                           devices=n_devices))
     except (ConfigError, TrainingError, FileNotFoundError, ValueError) as e:
         fail(str(e))
+    if summary["rank"] != 0:
+        return
     final = summary["final"]
     click.echo(f"done: {summary['steps']} steps, best val PER {summary['best_per']:.4f} at step {summary['best_step']}")
     click.echo(f"XLA compilations: {final['compilations']} ({summary['buckets']} buckets); "
                f"host fallbacks: {json.dumps(final['fallbacks']) if final['fallbacks'] else 'none'}")
+
+
+def _plan_text(dataset: Path, cfg: Config, n_devices: int | None, device_memory: str | None) -> str:
+    """`--plan`: the memory plan for DATASET's buckets on the requested devices (no XLA start-up
+    unless --devices all has to count them)."""
+    from b2t.data.manifest import Manifest
+    from b2t.train.plan import format_plan, parse_bytes, plan_memory
+
+    manifest = Manifest.load(dataset)
+    xla = cfg.train.backend in ("openxla", "xla")
+    count = n_devices if n_devices not in (None, -1) else (_device_count(xla) if n_devices == -1 else 1)
+    memory = parse_bytes(device_memory) if device_memory is not None else None
+    plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count,
+                       spmd=xla and n_devices is not None, device_memory=memory)
+    return format_plan(plan, cfg)
+
+
+def _device_count(xla: bool) -> int:
+    if xla:
+        from b2t.train.backend import select_pjrt_device
+
+        select_pjrt_device()
+        import torch_xla.runtime as xr
+
+        return xr.global_runtime_device_count()
+    import torch
+
+    return max(torch.cuda.device_count(), 1)

@@ -1,18 +1,41 @@
-"""Greedy-decoding evaluation over every batch of a split: PER per session and aggregate.
+"""Evaluation over every batch of a split: greedy phonemes, optional words, PER and WER.
 
-Used by the trainer's validation and by `b2t-eval`. One device->host transfer per batch
-(the (B, P) greedy ids, lengths and per-row losses); padding rows are skipped by `valid`.
+The trainer's validation uses `decode_batches` + `summarize` (greedy PER). `b2t-eval` adds
+an `Evaluator` that rebuilds a checkpoint's model, compiles each bucket's eval graph once
+before the split, returns the trials in the competition's id order and, with a lexicon,
+decodes words in parallel worker processes.
+
+Per batch there is one device->host transfer: the greedy (B, P) ids, lengths and per-row
+losses, plus the (B, P, C) f32 log-probabilities when words are decoded. Padding rows
+(`valid` false) are skipped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import contextlib
+import math
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from b2t.data.loader import Batch
-from b2t.metrics import ErrorRate, edit_distance, greedy_decode
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from b2t.config import Config, config_from_dict
+from b2t.contract import empty_batch
+from b2t.data.loader import Batch, StreamConfig, eval_batches
+from b2t.data.manifest import Manifest
+from b2t.metrics import ErrorRate, edit_distance, greedy_decode, words_of
+from b2t.model.decoder import GRUDecoder
 from b2t.phonemes import phoneme_string
+from b2t.train.backend import CompileStats, make_backend
+from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint
 from b2t.train.step import Stepper
+from b2t.words.beam import BeamOptions, WordDecoder
+from b2t.words.lexicon import cmu_lexicon, load_lexicon, normalize_text
 
 
 @dataclass(frozen=True)
@@ -20,18 +43,25 @@ class TrialResult:
     session: str
     block: int
     trial: int
-    group: str
+    group: str  # HDF5 group name, e.g. trial_0007 (its number is the trial's place in the file)
     phonemes: list[int]  # greedy decode
     reference: list[int]  # empty for test trials
     loss: float  # CTC negative log-likelihood (0 for test trials)
     edits: int
+    sentence: str | None = None  # the sentence label; None for test trials
+    log_probs: np.ndarray | None = field(default=None, repr=False, compare=False)  # (P, C) f32, valid frames only
+    words: str | None = None  # decoded text, when words were decoded
 
-    def to_dict(self) -> dict:
-        return {
+    def to_dict(self) -> dict[str, Any]:
+        d = {
             "session": self.session, "block": self.block, "trial": self.trial, "group": self.group,
             "phonemes": phoneme_string(self.phonemes), "reference": phoneme_string(self.reference),
-            "edits": self.edits, "loss": self.loss,
+            "edits": self.edits if self.reference else None, "loss": self.loss,
+            "words": self.words, "sentence": self.sentence,
         }
+        if self.words is not None and self.sentence is not None:
+            d["word_edits"] = edit_distance(words_of(self.words), words_of(self.sentence))
+        return d
 
 
 @dataclass
@@ -39,16 +69,27 @@ class EvalSummary:
     per: ErrorRate
     loss: float  # mean CTC loss over labelled trials
     n_trials: int
+    wer: ErrorRate | None = None  # when words were decoded for labelled trials
 
-    def to_dict(self) -> dict:
-        return {"per": self.per.rate(), "loss": self.loss, "n_trials": self.n_trials, "per_session": self.per.to_dict()}
+    def to_dict(self) -> dict[str, Any]:
+        per = self.per.rate()
+        d = {"per": None if math.isnan(per) else per, "loss": self.loss, "n_trials": self.n_trials,
+             "per_session": self.per.to_dict()}
+        if self.wer is not None:
+            d.update(wer=self.wer.rate(), wer_session=self.wer.to_dict())
+        return d
 
 
-def decode_batches(stepper: Stepper, batches: Iterable[Batch]) -> Iterator[TrialResult]:
-    """Every valid row of `batches`, greedy-decoded, in stream order."""
+def decode_batches(stepper: Stepper, batches: Iterable[Batch], *, log_probs: bool = False) -> Iterator[TrialResult]:
+    """Every valid row of `batches`, greedy-decoded, in stream order.
+
+    log_probs: also keep each trial's (P, C) log-probabilities (runs `Stepper.log_probs_step`).
+    """
     for batch in batches:
-        nll, ids, out_lens = (x.cpu() for x in stepper.eval_step(batch.to(stepper.backend.device)))
+        step = stepper.log_probs_step if log_probs else stepper.eval_step
+        nll, ids, out_lens, *rest = (x.cpu() for x in step(batch))  # the stepper places the batch
         hyps = greedy_decode(ids, out_lens)
+        frames = rest[0].numpy() if log_probs else None  # (B, P, C) f32
         valid = batch.tensors["valid"].tolist()
         labels, label_lens = batch.tensors["seq_class_ids"].tolist(), batch.tensors["phone_seq_lens"].tolist()
         for r, row in enumerate(batch.meta["rows"]):
@@ -58,16 +99,207 @@ def decode_batches(stepper: Stepper, batches: Iterable[Batch]) -> Iterator[Trial
             yield TrialResult(
                 session=row["session"], block=int(row["block"]), trial=int(row["trial"]), group=row["group"],
                 phonemes=hyps[r], reference=ref, loss=float(nll[r]) if ref else 0.0,
-                edits=edit_distance(hyps[r], ref),
+                edits=edit_distance(hyps[r], ref), sentence=row.get("sentence"),
+                log_probs=None if frames is None else frames[r, : int(out_lens[r])].copy(),
             )
 
 
 def summarize(results: Iterable[TrialResult]) -> EvalSummary:
-    per, loss, labelled, n = ErrorRate(), 0.0, 0, 0
+    """PER (and WER where words were decoded) per session and aggregate, as the competition scores."""
+    per, wer, loss, labelled, worded, n = ErrorRate(), ErrorRate(), 0.0, 0, 0, 0
     for res in results:
         n += 1
         if res.reference:
             per.add(res.session, res.phonemes, res.reference)
             loss += res.loss
             labelled += 1
-    return EvalSummary(per=per, loss=loss / max(labelled, 1), n_trials=n)
+        if res.words is not None and res.sentence is not None:
+            wer.add(res.session, words_of(res.words), words_of(res.sentence))
+            worded += 1
+    return EvalSummary(per=per, loss=loss / max(labelled, 1), n_trials=n, wer=wer if worded else None)
+
+
+# --- the competition's order ----------------------------------------------------------
+
+def trial_order_key(sessions: Sequence[str]) -> Callable[[str, str], tuple[int, int, str]]:
+    """Sort key of (session, HDF5 group): sessions in day-index order, then the file's trial order.
+
+    Group names are zero-padded (`trial_0007`), compared by length first so `trial_10000`
+    would still follow `trial_9999`.
+    """
+    day = {s: i for i, s in enumerate(sessions)}
+
+    def key(session: str, group: str) -> tuple[int, int, str]:
+        if session not in day:
+            raise ValueError(f"trial {group} of session {session!r} is not in the session list {list(sessions)}")
+        return day[session], len(group), group
+
+    return key
+
+
+def competition_order(results: Iterable[TrialResult], sessions: Sequence[str]) -> list[TrialResult]:
+    """`results` in the competition's id order (`trial_order_key`)."""
+    key = trial_order_key(sessions)
+    return sorted(results, key=lambda r: key(r.session, r.group))
+
+
+def excluded_trials(manifest: Manifest, split: str) -> list[tuple[str, str, str]]:
+    """(session, group, reason) of the trials of `split` that b2t-preprocess left out."""
+    name = f"data_{split}.hdf5"
+    return [(Path(e.file).parent.name, e.trial, e.reason) for e in manifest.exclusions if Path(e.file).name == name]
+
+
+def submission_rows(results: Sequence[TrialResult], excluded: Sequence[tuple[str, str, str]],
+                    sessions: Sequence[str]) -> list[tuple[int, str]]:
+    """(id, text) for every trial of the split in the competition's order; excluded trials get ''.
+
+    Keeping a row for a trial the model never saw keeps every later id where the competition expects it.
+    """
+    key = trial_order_key(sessions)
+    texts = [(key(r.session, r.group), normalize_text(r.words or "")) for r in results]
+    texts += [(key(session, group), "") for session, group, _ in excluded]
+    return [(i, text) for i, (_, text) in enumerate(sorted(texts))]
+
+
+# --- words ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WordRecipe:
+    """How to build a `WordDecoder`; picklable, so each worker process builds its own
+    (flashlight's C++ objects cannot be sent between processes)."""
+
+    lexicon: Path | None  # lexicon file; None = the CMU pronouncing dictionary
+    lm: Path | None = None  # ARPA file; None = lexicon only
+    options: BeamOptions = field(default_factory=BeamOptions)
+    spell: bool = False  # spell the greedy phonemes into words (no search, no LM) instead
+
+    def __post_init__(self) -> None:
+        if self.spell and self.lm is not None:
+            raise ValueError("spelling the greedy phonemes uses no language model: drop the LM or the spelling")
+
+    def decode_fn(self) -> Callable[[Any], str]:
+        """Build the decoder; returns its per-trial function (log-probs, or greedy ids when spelling)."""
+        lexicon = cmu_lexicon() if self.lexicon is None else load_lexicon(self.lexicon)
+        decoder = WordDecoder(lexicon, self.lm, self.options)
+        return decoder.spell_greedy if self.spell else decoder.decode
+
+
+_worker_decode: Callable[[Any], str] | None = None  # set in each worker process by `_init_worker`
+
+
+def _init_worker(recipe: WordRecipe) -> None:
+    global _worker_decode
+    torch.set_num_threads(1)  # workers share the cores; the search is single-threaded C++
+    _worker_decode = recipe.decode_fn()
+
+
+def _decode_in_worker(item: Any) -> str:
+    assert _worker_decode is not None, "worker started without _init_worker"
+    return _worker_decode(item)
+
+
+def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers: int = 1,
+                 progress: bool = True) -> list[TrialResult]:
+    """`results` with `words` filled in, same order; `workers` > 1 decodes in that many processes.
+
+    Beam search needs results decoded with `log_probs=True`; spelling needs only the greedy ids.
+    Workers are spawned, not forked: the parent may hold an initialised XLA runtime.
+    """
+    if not recipe.spell and any(r.log_probs is None for r in results):
+        raise ValueError("beam search needs each trial's log-probabilities: decode with log_probs=True")
+    items = [r.phonemes if recipe.spell else r.log_probs for r in results]
+    with contextlib.ExitStack() as stack:
+        if workers <= 1:
+            texts = map(recipe.decode_fn(), items)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,)))
+            texts = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
+        out = []
+        for r, text in zip(results, tqdm(texts, total=len(items), unit="trial", desc="decoding words",
+                                          disable=not progress, dynamic_ncols=True)):
+            out.append(replace(r, words=text))
+    return out
+
+
+# --- a checkpoint over a dataset -----------------------------------------------------
+
+@dataclass(frozen=True)
+class CompileCount:
+    """XLA compilations around an evaluation: warming the buckets, then the whole split."""
+
+    before: CompileStats
+    warm: CompileStats
+    after: CompileStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"warm_up": self.warm.compilations - self.before.compilations,
+                "during_split": self.after.compilations - self.warm.compilations,
+                "total": self.after.compilations, "fallbacks": self.after.fallbacks}
+
+
+class Evaluator:
+    """A checkpoint's model on one backend, its eval graph compiled once per bucket shape.
+
+    The model is rebuilt from the config and session list stored in the checkpoint, so a
+    dataset is only accepted if it numbers its sessions (day indices) the same way.
+    """
+
+    def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None) -> None:
+        """backend: how to compile (default: the one the checkpoint was trained with)."""
+        self.path = Path(checkpoint)
+        _, meta = read_checkpoint(self.path)
+        self.state = TrainState(**meta["state"])
+        if not self.state.config or not self.state.sessions:
+            raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
+        self.cfg: Config = config_from_dict(self.state.config)
+        self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
+        model = GRUDecoder(len(self.state.sessions), self.cfg.model, xla=backend.xla)
+        load_checkpoint(self.path, model)
+        model = model.to(backend.device)
+        # never stepped: the Stepper wants one, and its eval graphs are the ones training validates with
+        self.stepper = Stepper(model, None, backend, self.cfg)
+        backend.sync()  # run what construction queued, so warm-up traces the steady-state graphs
+
+    def check_dataset(self, manifest: Manifest) -> None:
+        """Refuse a dataset whose session list differs: day indices would pick the wrong day layers."""
+        ours, theirs = self.state.sessions, manifest.sessions
+        if ours == theirs:
+            return
+        only_ckpt = sorted(set(ours) - set(theirs))
+        only_data = sorted(set(theirs) - set(ours))
+        detail = (f"only in the checkpoint: {only_ckpt[:5]}, only in the dataset: {only_data[:5]}"
+                  if only_ckpt or only_data else "same sessions in a different order")
+        raise ValueError(
+            f"{self.path} was trained on {len(ours)} sessions, the dataset lists {len(theirs)} ({detail}), "
+            "so day indices would select other sessions' day layers: evaluate on data preprocessed from "
+            "the same session folders the checkpoint was trained on"
+        )
+
+    def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
+        """Compile each bucket's eval graphs on an all-padding batch, before any real batch.
+
+        The batch is made on the host and placed by the stepper like every real batch: a batch
+        created on an XLA device is a constant inside the traced graph, so it would compile
+        another graph. Each bucket runs twice: under openxla a shape's second call still compiles one
+        more graph (measured on XLA:CPU: 7 graphs on the first call, 1 on the second, then none).
+        """
+        step = self.stepper.log_probs_step if log_probs else self.stepper.eval_step
+        for i, shape in enumerate(tqdm(manifest.buckets, desc="compiling eval graphs", unit="bucket",
+                                       disable=not progress, dynamic_ncols=True)):
+            for _ in range(2):
+                step(Batch(i, empty_batch(shape), {}))
+
+    def run(self, dataset: str | Path, split: str, *, log_probs: bool = False,
+            progress: bool = True) -> tuple[list[TrialResult], CompileCount]:
+        """Every trial of `split` once, in the competition's order, and the compilations it took."""
+        manifest = Manifest.load(dataset)
+        self.check_dataset(manifest)
+        before = self.backend.stats()
+        self.warm_up(manifest, log_probs=log_probs, progress=progress)
+        warm = self.backend.stats()
+        stream = eval_batches(dataset, manifest, split, StreamConfig(num_workers=self.cfg.train.num_workers))
+        n_batches = sum(s.n_batches for s in manifest.shards_of(split))
+        batches = tqdm(stream, total=n_batches, desc=f"{split} batches", unit="batch",
+                       disable=not progress, dynamic_ncols=True)
+        results = competition_order(decode_batches(self.stepper, batches, log_probs=log_probs), manifest.sessions)
+        return results, CompileCount(before, warm, self.backend.stats())

@@ -19,3 +19,21 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("b2t")
+
+
+import pytest  # noqa: E402
+
+TINY_CONFIG = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """A b2t-synth tree (5 sessions) preprocessed with configs/tiny.yaml: (hdf5 root, shard dir)."""
+    from b2t.config import load_config
+    from preprocess.synth import SynthSpec, write_dataset
+    from preprocess.writer import prepare_dataset
+
+    root = tmp_path_factory.mktemp("tiny")
+    write_dataset(SynthSpec(sessions=5, seed=0), root / "hdf5")
+    prepare_dataset(root / "hdf5", root / "shards", load_config(TINY_CONFIG), workers=1, progress=False)
+    return root / "hdf5", root / "shards"

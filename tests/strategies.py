@@ -120,3 +120,11 @@ def ctc_batches(draw, *, shapes: tuple[tuple[int, ...], ...] = CTC_SHAPES) -> di
         "input_lengths": torch.tensor(input_lengths, dtype=torch.int32, device="cpu"),
         "target_lengths": torch.tensor(target_lengths, dtype=torch.int32, device="cpu"),
     }
+
+
+@st.composite
+def model_configs(draw, max_units: int = 96, max_layers: int = 4) -> ModelConfig:
+    """Small GRU decoder shapes: any size, depth and patching."""
+    patching = draw(patchings())
+    return ModelConfig(n_units=draw(st.integers(1, max_units)), n_layers=draw(st.integers(1, max_layers)),
+                       patch_size=patching.patch_size, patch_stride=patching.patch_stride)

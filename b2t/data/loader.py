@@ -4,7 +4,10 @@ The order of train batches is a pure function of (seed, pass, rank), so a resume
 skips exactly the batches it has consumed and sees the same stream as an uninterrupted
 one. Pass p reads the manifest's train composition `p % epochs` with its shards in a
 seeded order, then shuffles batches in a seeded buffer. Each host (rank of world) reads
-every world-th shard of that order; each loader worker reads its share of those.
+every world-th shard of that order (the same order on every host, since it depends on the
+seed and pass only), so the hosts together read each shard of a pass exactly once; each
+loader worker reads its share of those (`wds.split_by_worker`). Val and test are split
+the same way, in manifest order.
 """
 
 from __future__ import annotations
@@ -42,8 +45,12 @@ class StreamConfig:
     seed: int = 0
     shuffle_buffer: int = 1  # batches held for shuffling; 1 = manifest order
     num_workers: int = 0
-    rank: int = 0  # this host among `world` hosts
+    rank: int = 0  # this host (or torchrun process) among `world` readers
     world: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"reader rank {self.rank} is not in 0..world-1 for world {self.world}")
 
 
 class _Decoder:

@@ -9,7 +9,8 @@
 - inductor: `torch.compile` for CUDA or CPU; eager: plain PyTorch.
 
 The backend changes how the step is compiled, never what it computes. Everything that
-differs between devices lives here: which device, how to compile, how to wait for the
+differs between devices lives here: which device, how batches get onto it (sharded over
+an SPMD mesh when there is one, see `parallel`), how to compile, how to wait for the
 device, how to seed its RNG, and (on XLA) how many compilations and host fallbacks the
 run has caused so far, read from `torch_xla.debug.metrics`.
 """
@@ -20,10 +21,14 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from b2t.contract import COMPUTE_DTYPE
+
+if TYPE_CHECKING:
+    from b2t.train.parallel import SpmdMesh
 
 BACKENDS = ("openxla", "xla", "inductor", "eager")
 
@@ -41,16 +46,35 @@ class CompileStats:
 class Backend:
     name: str
     device: torch.device
+    mesh: SpmdMesh | None = None  # XLA SPMD: batches are split along their batch dim over it
 
     @property
     def xla(self) -> bool:
         return self.device.type == "xla"
+
+    def place(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Batch tensors on the device (a no-op for ones already there), sharded on a mesh."""
+        if self.mesh is not None:
+            return self.mesh.place(tensors, self.device)
+        return {k: v.to(self.device) for k, v in tensors.items()}
+
+    def gathered(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """Outputs the host will read, whole on every device (a no-op without a mesh).
+
+        Under SPMD, per-row outputs come out split like the batch, and reading a split
+        tensor back compiles a gathering graph per shape, after the warm-up; gathering
+        inside the step keeps that out of the loop.
+        """
+        return outputs if self.mesh is None else tuple(self.mesh.replicate(t) for t in outputs)
 
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
         if self.name in ("eager", "xla"):
             return fn
         backend = "openxla" if self.name == "openxla" else "inductor"
+        # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
+        # run a bucket eagerly, so lift the limit well above any sensible bucket count.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         return torch.compile(fn, backend=backend, dynamic=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -95,18 +119,28 @@ class Backend:
         )
 
 
-def make_backend(name: str, device: str | None = None) -> Backend:
-    """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU)."""
+def make_backend(name: str, device: str | torch.device | None = None, mesh: SpmdMesh | None = None) -> Backend:
+    """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU).
+
+    `mesh` (XLA only, from `parallel.enable_spmd`) makes every batch data-parallel over it.
+    """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
     if name in ("openxla", "xla"):
-        os.environ.setdefault("PJRT_DEVICE", "CPU" if not _tpu_present() else "TPU")
+        select_pjrt_device()
         import torch_xla
 
-        return Backend(name, torch.device(device) if device else torch_xla.device())
+        return Backend(name, torch.device(device) if device else torch_xla.device(), mesh)
+    if mesh is not None:
+        raise ValueError(f"an SPMD mesh needs an XLA backend, not {name!r}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return Backend(name, torch.device(device))
+
+
+def select_pjrt_device() -> None:
+    """PJRT_DEVICE for torch_xla, unless set: the TPU when this host has one, else the CPU."""
+    os.environ.setdefault("PJRT_DEVICE", "TPU" if _tpu_present() else "CPU")
 
 
 def _tpu_present() -> bool:

@@ -41,24 +41,33 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             for k, v in s.items():
                 tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
         # b2t's learning rates are device tensors (b2t.train.optim); JSON takes their value
-        meta["param_groups"] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in g.items()}
+        meta["param_groups"] = [{k: v.cpu().item() if isinstance(v, torch.Tensor) else v for k, v in g.items()}
                                 for g in sd["param_groups"]]
     return atomic_write_bytes(path, st_save(tensors, metadata={"b2t": json.dumps(meta)}))
 
 
-def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """All tensors and the metadata of a checkpoint file; clear errors for anything else."""
+def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} not found")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("b2t", "{}"))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
     except Exception as e:  # safetensors raises several types for a damaged header
         raise ValueError(f"{path} is not a readable b2t checkpoint: {e}") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
     return tensors, meta
+
+
+def read_state(path: Path) -> TrainState:
+    """The TrainState of a checkpoint, from its header alone (no tensor is read)."""
+    return TrainState(**_read(path, with_tensors=False)[1]["state"])
+
+
+def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """All tensors and the metadata of a checkpoint file; clear errors for anything else."""
+    return _read(path, with_tensors=True)
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> TrainState:

@@ -12,8 +12,7 @@ the device and the loop reads them every `log_every` steps.
 from __future__ import annotations
 
 import contextlib
-import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -30,15 +29,45 @@ from b2t.train.optim import set_lrs
 class Stepper:
     """Owns the compiled train and eval functions of one run."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, backend: Backend, cfg: Config):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, backend: Backend, cfg: Config,
+                 forward: nn.Module | None = None):
+        """`optimizer`: None for evaluation only (no gradients or AdamW state are allocated).
+        `forward`: the module whose call runs `model`'s forward, e.g. its DistributedDataParallel
+        wrapper (which all-reduces gradients in backward); default `model` itself."""
         self.model, self.optimizer, self.backend, self.cfg = model, optimizer, backend, cfg
+        self.forward = model if forward is None else forward
         self._train_fn = backend.compile(self._forward_loss)
         self._eval_fn = backend.compile(self._forward_eval)
+        self._log_probs_fn = backend.compile(self._forward_log_probs)
+        self._loss_total = _device_zero(backend.device)
+        if optimizer is None:
+            return
+        # Gradients exist from the start, so the first backward accumulates like every later
+        # one: a backward that creates .grad traces a different graph than one that adds to it.
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        self._init_optimizer_state()
+
+    def _init_optimizer_state(self) -> None:
+        """Create AdamW's state up front (zero moments, step 0: what its first step would make).
+
+        Otherwise the first step traces a state-creating graph that no later step reuses,
+        and restoring a pre-warm-up snapshot would bring that extra graph back.
+        """
+        for group in self.optimizer.param_groups:
+            step_device = None if group.get("capturable") else torch.device("cpu")
+            for p in group["params"]:
+                if not self.optimizer.state[p]:
+                    self.optimizer.state[p] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=step_device or p.device),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    }
 
     def _logits_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                         phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         with self.backend.autocast():
-            logits = self.model(features, day_indices)  # (B, P, C) bf16
+            logits = self.forward(features, day_indices)  # (B, P, C) bf16
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # CTC in f32
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
         nll = ctc_loss(log_probs, seq_class_ids, out_lens, phone_seq_lens)  # (B,)
@@ -57,11 +86,20 @@ class Stepper:
         logits, nll, out_lens = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
         return nll, logits.argmax(-1).to(torch.int32), out_lens
 
+    def _forward_log_probs(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
+                           phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`_forward_eval` plus the (B, P, C) f32 log-probabilities a word beam search reads."""
+        logits, nll, out_lens = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
+        log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # (B, P, C) f32
+        return nll, logits.argmax(-1).to(torch.int32), out_lens, log_probs
+
     def _inputs(self, batch: Batch, train: bool) -> dict[str, Tensor]:
-        t = batch.tensors
+        """Augmented step inputs, placed by the backend (sharded over its mesh); `valid` in training."""
+        t = self.backend.place(batch.tensors)
         features, n_time_steps = augment(t["features"], t["n_time_steps"], self.cfg.augment, train=train)
-        return {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
-                "phone_seq_lens": t["phone_seq_lens"], "day_indices": t["day_indices"]}
+        inputs = {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
+                  "phone_seq_lens": t["phone_seq_lens"], "day_indices": t["day_indices"]}
+        return {**inputs, "valid": t["valid"]} if train else inputs
 
     def seed(self, step: int, micro: int = 0) -> None:
         """Per-step RNG seed: a resumed run draws the same noise and dropout as an unbroken one."""
@@ -71,7 +109,7 @@ class Stepper:
         """Loss (device scalar) of one micro-batch; its gradient is added to `.grad`."""
         self.model.train()
         self.seed(step, micro)
-        loss = self._train_fn(**self._inputs(batch, train=True), valid=batch.tensors["valid"])
+        loss = self._train_fn(**self._inputs(batch, train=True))
         (loss / self.cfg.train.grad_accum).backward()
         return loss.detach()
 
@@ -90,44 +128,80 @@ class Stepper:
         losses = [self.forward_backward(b, step, i) for i, b in enumerate(batches)]
         norm = self.update(step)
         loss = torch.stack(losses).mean()
+        self._loss_total += loss  # inside the step's graph, so every step traces the same graph
         self.backend.sync()
         return loss, norm
+
+    def take_loss_total(self) -> float:
+        """Sum of step losses since the last call: the deliberate host read of the loop.
+
+        The fresh total is uploaded from the host as a (1,) tensor: a 0-dim zero, on the
+        device or uploaded, is traced as a graph constant (torch_xla's special scalars), and
+        the next step would compile a graph of its own (measured).
+        """
+        total = float(self._loss_total.cpu()[0])
+        self._loss_total = _device_zero(self.backend.device)
+        return total
 
     @torch.no_grad()
     def eval_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         self.model.eval()
-        out = self._eval_fn(**self._inputs(batch, train=False))
+        out = self.backend.gathered(self._eval_fn(**self._inputs(batch, train=False)))
         self.backend.sync()
         return out
 
-    def warm_up(self, batch: Batch) -> None:
-        """Compile every graph a step and an eval of `batch`'s bucket will need.
+    @torch.no_grad()
+    def log_probs_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`eval_step` that also returns the (B, P, C) f32 log-probabilities (for word decoding).
 
-        Two optimizer steps (AdamW's first step creates its state, so the second traces the
-        steady-state graph) and one eval. Run inside `preserved_state()`: warm-up must not
-        move the weights, the optimizer or anything a resumed run has to reproduce.
+        Its own compiled graph per bucket: evaluation runs either this or `eval_step`, so the
+        (B, P, C) transfer is paid only when words are decoded.
         """
-        for step in range(2):
-            self.train_step([batch] * self.cfg.train.grad_accum, step)
-        self.eval_step(batch)
+        self.model.eval()
+        out = self.backend.gathered(self._log_probs_fn(**self._inputs(batch, train=False)))
+        self.backend.sync()
+        return out
+
+    def warm_up(self, batches: Sequence[Batch], report: Callable[[str], None]) -> None:
+        """Compile every graph the loop will need, one all-padding batch per bucket.
+
+        Per bucket, two optimizer steps (the second sees the state the first leaves) and an
+        eval inside `_preserved_state()`, which puts weights and optimizer state back
+        afterwards; then one eval per bucket again. Measured on XLA: the eval island traced
+        right after training steps and the one traced after the restore differ (the order
+        of the lazy graph's outputs), and validation meets both.
+        """
+        with self._preserved_state():
+            for batch in batches:
+                report(f"train step, {_shape_of(batch)}")
+                for step in (1, 2):  # seeds of later steps: a seed of 0 is traced as a constant
+                    self.train_step([batch] * self.cfg.train.grad_accum, step)
+                self.eval_step(batch)
+        for batch in batches:
+            report(f"eval step, {_shape_of(batch)}")
+            self.eval_step(batch)
+        self.take_loss_total()  # warm-up losses are not the run's
 
     @contextlib.contextmanager
-    def preserved_state(self) -> Iterator[None]:
-        """Restore weights and optimizer state (on the device, no host copy) on exit."""
-        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        optim = copy.deepcopy(self.optimizer.state_dict()["state"])
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+    def _preserved_state(self) -> Iterator[None]:
+        """Copy weights and optimizer state back on exit (device-side clones, no host copy)."""
+        live = list(self.model.state_dict().values())
+        live += [t for s in self.optimizer.state.values() for t in s.values()]
+        saved = [t.detach().clone() for t in live]
         try:
             yield
         finally:
             with torch.no_grad():
-                for k, v in self.model.state_dict().items():
-                    v.copy_(weights[k])
-            self.optimizer.state.clear()
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            for i, s in optim.items():
-                self.optimizer.state[params[i]] = s
-            for g, saved in zip(self.optimizer.param_groups, groups):
-                g.update(saved)
+                for t, s in zip(live, saved):
+                    t.copy_(s)
             self.optimizer.zero_grad(set_to_none=False)
             self.backend.sync()
+
+
+def _shape_of(batch: Batch) -> str:
+    B, T, _ = batch.tensors["features"].shape
+    return f"bucket T={T} B={B}"
+
+
+def _device_zero(device: torch.device) -> Tensor:
+    return torch.zeros((1,), dtype=LOSS_DTYPE, device="cpu").to(device)

@@ -1,0 +1,257 @@
+"""The public baseline's pretrained checkpoint -> a b2t checkpoint (evaluate it, compare, fine-tune).
+
+The release (../shared/docs/reference-baseline.md) is `checkpoint/best_checkpoint`, a
+`torch.save` of {model_state_dict, optimizer_state_dict, scheduler_state_dict, val_PER,
+val_loss} whose weights carry torch.compile's `_orig_mod.` prefix and one
+`day_weights.<d>` / `day_biases.<d>` per day, with `args.yaml` beside it (model sizes under
+`model`, the session list under `dataset.sessions`, the recipe at the top level).
+
+That file is a pickle. It is read with `torch.load(weights_only=True)`, which rebuilds
+only tensors, plain containers and the numpy scalars the baseline stores (its val_loss is
+an np.float64) and refuses any other object, so a tampered file cannot run code here.
+
+Day indices: the baseline's day d is position d of its session list; ours is the position
+in the target list (the dataset the model will run on). Each target session takes the day
+layer of the same session in the baseline, so a dataset with fewer or reordered sessions
+still gets the right day layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from b2t.config import Config, config_from_dict
+from b2t.data.manifest import MANIFEST_NAME, Manifest
+from b2t.model.decoder import GRUDecoder, from_reference_state_dict
+from b2t.train.checkpoint import TrainState, save_checkpoint
+
+CHECKPOINT_NAME = "best_checkpoint"
+ARGS_NAME = "args.yaml"
+COMPILE_PREFIX = "_orig_mod."
+DAY_KEYS = ("day_weights", "day_biases")
+
+
+class BaselineError(ValueError):
+    """The baseline checkpoint or its args cannot be converted; the message names the key or file."""
+
+
+def _numpy_scalar_globals() -> list[Any]:
+    """What unpickling numpy number scalars needs (under numpy 2's and numpy 1's module names)."""
+    core = getattr(np, "_core", None) or np.core
+    scalar = core.multiarray.scalar
+    dtype_classes = [type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32)]  # numpy.dtypes.*
+    return [np.dtype, *dtype_classes, scalar,
+            (scalar, "numpy.core.multiarray.scalar"), (scalar, "numpy._core.multiarray.scalar")]
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """`path` itself, or the release's checkpoint file inside the directory `path`."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    for candidate in (path / "checkpoint" / CHECKPOINT_NAME, path / CHECKPOINT_NAME):
+        if candidate.is_file():
+            return candidate
+    raise BaselineError(f"{path}: no baseline checkpoint (expected a file, or a directory holding "
+                        f"checkpoint/{CHECKPOINT_NAME} or {CHECKPOINT_NAME})")
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """The checkpoint dict, unpickled with `weights_only=True` (tensors and plain data only)."""
+    try:
+        with torch.serialization.safe_globals(_numpy_scalar_globals()):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises UnpicklingError, RuntimeError or EOFError by cause
+        raise BaselineError(f"{path}: not loadable with torch.load(weights_only=True) "
+                            f"(refusing to unpickle anything but tensors and plain data): {e}") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_state_dict"), Mapping):
+        raise BaselineError(f"{path}: not a baseline checkpoint (expected a dict with 'model_state_dict')")
+    return ckpt
+
+
+def read_args(path: Path) -> dict[str, Any]:
+    try:
+        args = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise BaselineError(f"{path}: cannot read the baseline's args: {e}") from None
+    if not isinstance(args, dict):
+        raise BaselineError(f"{path}: expected the baseline's args.yaml (a mapping)")
+    return args
+
+
+def _get(args: Mapping[str, Any], path: str) -> Any:
+    node: Any = args
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+_ARGS_TO_CONFIG: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    # (args.yaml path, our section.key, conversion)
+    ("model.n_units", "model.n_units", int),
+    ("model.n_layers", "model.n_layers", int),
+    ("model.patch_size", "model.patch_size", int),
+    ("model.patch_stride", "model.patch_stride", int),
+    ("model.rnn_dropout", "model.rnn_dropout", float),
+    ("model.input_network.input_layer_dropout", "model.input_dropout", float),
+    ("dataset.data_transforms.white_noise_std", "augment.white_noise_std", float),
+    ("dataset.data_transforms.constant_offset_std", "augment.constant_offset_std", float),
+    ("dataset.data_transforms.random_cut", "augment.max_start_cut", lambda v: max(int(v) - 1, 0)),  # randint(0, cut)
+    ("dataset.data_transforms.smooth_kernel_std", "augment.smooth_std", float),
+    ("dataset.batch_size", "data.batch_size", int),
+    ("dataset.days_per_batch", "data.days_per_batch", int),
+    ("lr_max", "optim.lr", float),
+    ("lr_min", "optim.lr_min", float),
+    ("lr_max_day", "optim.lr_day", float),
+    ("lr_min_day", "optim.lr_day_min", float),
+    ("lr_warmup_steps", "optim.warmup_steps", int),
+    ("lr_decay_steps", "optim.decay_steps", int),
+    ("beta0", "optim.beta1", float),
+    ("beta1", "optim.beta2", float),
+    ("epsilon", "optim.eps", float),
+    ("weight_decay", "optim.weight_decay", float),
+    ("weight_decay_day", "optim.weight_decay_day", float),
+    ("grad_norm_clip_value", "optim.grad_clip", float),
+    ("num_training_batches", "train.steps", int),
+    ("batches_per_val_step", "train.val_every", int),
+    ("seed", "train.seed", int),
+)
+"""The baseline's args that have a b2t config key; everything else keeps b2t's default."""
+
+
+def config_from_args(args: Mapping[str, Any], base: Config) -> Config:
+    """`base` with every value the baseline's args.yaml sets (model sizes, augmentation, recipe)."""
+    for path, want in (("model.n_input_features", 512), ("dataset.n_classes", 41)):
+        if _get(args, path) not in (None, want):
+            raise BaselineError(f"args.yaml: {path}={_get(args, path)}, b2t's data contract has {want}")
+    raw = base.to_dict()
+    for path, target, convert in _ARGS_TO_CONFIG:
+        value = _get(args, path)
+        if value is not None:
+            section, key = target.split(".")
+            raw[section][key] = convert(value)
+    if _get(args, "dataset.data_transforms.smooth_data") is False:
+        raw["augment"]["smooth_std"] = 0.0
+    return config_from_dict(raw)
+
+
+def sessions_from(path: str | Path) -> list[str]:
+    """The session list of a preprocessed dataset (its manifest) or of a baseline args.yaml."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / MANIFEST_NAME).exists():
+            raise BaselineError(f"{path}: no {MANIFEST_NAME}; pass a b2t-preprocess output or an args.yaml")
+        return list(Manifest.load(path).sessions)
+    sessions = args_sessions(read_args(path), path)
+    if sessions is None:
+        raise BaselineError(f"{path}: no session list under dataset.sessions")
+    return sessions
+
+
+def args_sessions(args: Mapping[str, Any], where: str | Path) -> list[str] | None:
+    """The baseline's session list (its day index order) from its args, None when absent."""
+    sessions = _get(args, "dataset.sessions")
+    if sessions is None:
+        return None
+    if not isinstance(sessions, list) or not sessions:
+        raise BaselineError(f"{where}: dataset.sessions must be a non-empty list of session names")
+    return [str(s) for s in sessions]
+
+
+def _expected_reference_shapes(model: GRUDecoder, n_days: int) -> dict[str, tuple[int, ...]]:
+    """The baseline's key -> shape for a model of `model`'s sizes with `n_days` day layers."""
+    shapes = {}
+    for key, value in model.state_dict().items():
+        if key in DAY_KEYS:
+            shapes.update({f"{key}.{d}": tuple(value.shape[1:]) for d in range(n_days)})
+        else:
+            shapes[key] = tuple(value.shape)
+    return shapes
+
+
+def check_reference_keys(state: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]],
+                         where: str) -> None:
+    """Raise BaselineError naming every missing, extra or mis-shaped key of `state`."""
+    problems = [f"missing key {k!r} (shape {expected[k]})" for k in expected if k not in state]
+    problems += [f"unexpected key {k!r}" for k in state if k not in expected]
+    problems += [f"key {k!r} has shape {tuple(v.shape)}, expected {expected[k]}"
+                 for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
+    if problems:
+        shown = "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8 else "")
+        raise BaselineError(f"{where}: the weights do not fit the model: {shown}")
+
+
+def day_mapping(baseline: Sequence[str], target: Sequence[str]) -> list[int]:
+    """For each target session, its day index in the baseline's session list."""
+    position = {s: d for d, s in enumerate(baseline)}
+    unknown = [s for s in target if s not in position]
+    if unknown:
+        raise BaselineError(f"sessions {unknown[:5]} have no day layer in the baseline "
+                            f"(it was trained on {len(baseline)} sessions, {baseline[0]} .. {baseline[-1]})")
+    return [position[s] for s in target]
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    output: Path
+    n_days: int  # day layers written (target sessions)
+    baseline_days: int
+    val_per: float | None  # the baseline's own validation PER, when stored
+    config_source: str  # where the model sizes came from
+
+
+def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str | Path | None = None,
+                    args_path: str | Path | None = None, base: Config | None = None) -> ImportReport:
+    """Convert the baseline checkpoint at `path` into a b2t checkpoint at `output`.
+
+    args_path: the baseline's args.yaml (default: the one beside the checkpoint, if any);
+    it gives the model sizes and the baseline's session list. sessions_path: a dataset (or
+    args.yaml) whose session list the output is numbered by (default: the baseline's own).
+    base: the config for everything args.yaml does not set (default: b2t's defaults, the
+    reference recipe); without args.yaml its model section must match the weights.
+    """
+    ckpt_file = find_checkpoint(path)
+    args_file = Path(args_path) if args_path is not None else ckpt_file.parent / ARGS_NAME
+    args = read_args(args_file) if args_path is not None or args_file.is_file() else None
+    cfg = base or Config()
+    if args is not None:
+        cfg = config_from_args(args, cfg)
+    baseline_sessions = args_sessions(args, args_file) if args is not None else None
+    target = sessions_from(sessions_path) if sessions_path is not None else None
+    if baseline_sessions is None and target is None:
+        raise BaselineError(f"no session list: put the baseline's {ARGS_NAME} beside {ckpt_file}, "
+                            "or pass --sessions-from with the dataset (or args.yaml) it was trained on")
+    baseline_sessions = baseline_sessions or target
+    target = target or baseline_sessions
+
+    ckpt = load_baseline(ckpt_file)
+    state = {k.removeprefix(COMPILE_PREFIX): v for k, v in ckpt["model_state_dict"].items()}
+    model = GRUDecoder(len(target), cfg.model, xla=False)
+    source = str(args_file) if args is not None else "the b2t config"
+    m = cfg.model
+    where = (f"{ckpt_file} (for a model of {m.n_layers} x {m.n_units} units, patches {m.patch_size}/{m.patch_stride}, "
+             f"{len(baseline_sessions)} days; sizes from {source})")
+    check_reference_keys(state, _expected_reference_shapes(model, len(baseline_sessions)), where)
+
+    weights = from_reference_state_dict(state)
+    days = torch.tensor(day_mapping(baseline_sessions, target), dtype=torch.int64, device="cpu")
+    for key in DAY_KEYS:
+        weights[key] = weights[key].index_select(0, days)  # (n_target, ...) in target order
+    model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()})
+
+    val_per = ckpt.get("val_PER")
+    val_per = float(val_per) if val_per is not None else None
+    train_state = TrainState(best_per=val_per if val_per is not None and math.isfinite(val_per) else math.inf,
+                             sessions=list(target), config=cfg.to_dict())
+    out = save_checkpoint(Path(output), model, None, train_state)
+    return ImportReport(out, len(target), len(baseline_sessions), val_per, source)

@@ -1,0 +1,67 @@
+"""Fixtures several test files share: a test module that needs them declares
+`pytest_plugins = ["tests.fixtures"]` (and imports from here only under TYPE_CHECKING, so
+pytest can still rewrite this module's asserts).
+
+`trained_run` trains the tiny model once per pytest session on an easy synthetic dataset
+(few sessions, little per-session drift) so evaluation tests have a checkpoint that
+decodes well above chance within a CI-sized run. It lives here rather than in the
+suite-wide conftest because only the evaluation tests need it; loaded as a plugin it is
+one fixture for the whole session, so the training happens once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from b2t.config import load_config
+from b2t.train.loop import RunOptions, train
+from b2t.words.cli import main as lm_main
+from preprocess.cli import main as preprocess_main
+from preprocess.synth import main as synth_main
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+SYNTH_ARGS = ("--sessions", "2", "--train-trials", "40", "--val-trials", "10", "--test-trials", "10",
+              "--words", "2", "5", "--rest-bins", "5", "10", "--noise-std", "0.3", "--drift-std", "0.1",
+              "--offset-std", "0.1", "--seed", "3")
+TRAIN_STEPS = 50
+DATA_OVERRIDES = ("data.batch_size=8", "data.epochs=1")
+TRAIN_OVERRIDES = ("train.backend=eager", f"train.steps={TRAIN_STEPS}", f"train.val_every={TRAIN_STEPS}",
+                   f"train.checkpoint_every={TRAIN_STEPS}", "train.log_every=10", "optim.warmup_steps=10",
+                   f"optim.decay_steps={TRAIN_STEPS}", "optim.lr=0.02", "optim.lr_day=0.02")
+"""Tiny with 8-row batches and a short, hot schedule: about 0.1-0.2 val PER after 50 steps."""
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    hdf5: Path  # the b2t-synth tree (session folders, lexicon.txt, corpus.txt)
+    shards: Path  # its b2t-preprocess output
+    checkpoint: Path  # best.safetensors after TRAIN_STEPS steps
+    lexicon: Path
+    lm: Path  # a 3-gram ARPA model of corpus.txt
+    summary: dict  # what `train` returned (best_per, compilations, ...)
+
+
+def _invoke(command, *args: object) -> str:
+    result = CliRunner().invoke(command, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def build_trained_run(root: Path) -> TrainedRun:
+    hdf5, shards = root / "hdf5_data_final", root / "shards"
+    _invoke(synth_main, hdf5, *SYNTH_ARGS)
+    _invoke(preprocess_main, hdf5, shards, "--config", TINY, *(a for o in DATA_OVERRIDES for a in ("--set", o)),
+            "--no-progress")
+    _invoke(lm_main, "build", hdf5 / "corpus.txt", "-o", root / "lm.arpa")
+    summary = train(shards, root / "run", load_config(TINY, DATA_OVERRIDES + TRAIN_OVERRIDES), RunOptions(progress=False))
+    return TrainedRun(hdf5=hdf5, shards=shards, checkpoint=root / "run" / "best.safetensors",
+                      lexicon=hdf5 / "lexicon.txt", lm=root / "lm.arpa", summary=summary)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
+    return build_trained_run(tmp_path_factory.mktemp("trained_run"))
