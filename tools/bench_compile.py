@@ -16,7 +16,11 @@ naive port keeps it: per-day parameters picked with `.item()`, `Tensor.unfold` p
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,23 +107,28 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def first_step_seconds(cfg: Config, manifest: Manifest, lengths: list[int], B: int) -> list[tuple[int, float, float]]:
-    device = torch_xla.device()
-    backend = make_backend(cfg.train.backend)
+def _stepper(name: str, manifest: Manifest) -> tuple[Stepper, torch.device]:
+    backend = make_backend(name, "cpu" if name == "eager" else None)
+    cfg = load_config(TINY, [f"train.backend={name}"])
     model = build_model(manifest, cfg, backend)
-    stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    ref = ReferenceDecoder(len(manifest.sessions), cfg).to(device)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    rows = []
-    for i, T in enumerate(tqdm(lengths, desc="first step per T")):
-        batch = synthetic_batch(T, B, len(manifest.sessions), seed=i)
-        ours = timed(lambda: stepper.train_step([Batch(0, batch, {}).to(device)], step=i))
-        theirs = timed(lambda: reference_step(ref, ref_opt, batch, device))
-        rows.append((T, ours, theirs))
-    return rows
+    return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
 
-def dynamic_padding_batches(shards: Path, manifest: Manifest, steps: int):
+def first_step_seconds(pipeline: str, manifest: Manifest, lengths: list[int], B: int) -> list[float]:
+    """Seconds of the first step at each new T (trace + compile + run), in a fresh process."""
+    if pipeline == "reference":
+        device = torch_xla.device()
+        ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        return [timed(lambda: reference_step(ref, opt, synthetic_batch(T, B, len(manifest.sessions), i), device))
+                for i, T in enumerate(lengths)]
+    stepper, device = _stepper(pipeline, manifest)
+    return [timed(lambda: stepper.train_step(
+        [Batch(0, synthetic_batch(T, B, len(manifest.sessions), i), {}).to(device)], step=i + 1))
+        for i, T in enumerate(lengths)]
+
+
+def dynamic_padding_batches(shards: Path, manifest: Manifest):
     """The same trials as our batches, each batch cut to its own longest trial (and label)."""
     for batch in train_batches(shards, manifest, StreamConfig()):
         t = batch.tensors
@@ -130,42 +139,53 @@ def dynamic_padding_batches(shards: Path, manifest: Manifest, steps: int):
             "features": t["features"][keep, :T], "seq_class_ids": t["seq_class_ids"][keep, :L]}
 
 
-def compile_counts(cfg: Config, shards: Path, manifest: Manifest, steps: int) -> tuple[int, int, int, int]:
-    """(ours, distinct shapes ours, reference, distinct shapes reference) over `steps` steps."""
-    device = torch_xla.device()
-    backend = make_backend(cfg.train.backend)
-    model = build_model(manifest, cfg, backend)
-    stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    start = compilations()
-    shapes = set()
-    stream = train_batches(shards, manifest, StreamConfig())
-    for i in tqdm(range(steps), desc="b2t steps"):
-        batch = next(stream)
+def compile_count(pipeline: str, shards: Path, manifest: Manifest, steps: int) -> tuple[int, int]:
+    """(distinct batch shapes, XLA compilations) over `steps` training steps, in a fresh process."""
+    start, shapes = compilations(), set()
+    if pipeline == "reference":
+        device = torch_xla.device()
+        ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
+        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        for _, batch in zip(range(steps), dynamic_padding_batches(shards, manifest)):
+            shapes.add(tuple(batch["features"].shape))
+            reference_step(ref, opt, batch, device)
+        return len(shapes), compilations() - start
+    stepper, device = _stepper(pipeline, manifest)
+    for i, batch in zip(range(steps), train_batches(shards, manifest, StreamConfig())):
         shapes.add(tuple(batch.tensors["features"].shape))
-        stepper.train_step([batch.to(device)], i)
-    ours = compilations() - start
-
-    ref = ReferenceDecoder(len(manifest.sessions), cfg).to(device)
-    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    start, ref_shapes = compilations(), set()
-    for _, batch in zip(tqdm(range(steps), desc="reference steps"), dynamic_padding_batches(shards, manifest, steps)):
-        ref_shapes.add(tuple(batch["features"].shape))
-        reference_step(ref, ref_opt, batch, device)
-    return ours, len(shapes), compilations() - start, len(ref_shapes)
+        stepper.train_step([batch.to(device)], i + 1)
+    return len(shapes), compilations() - start
 
 
-def steps_per_second(cfg: Config, shards: Path, manifest: Manifest, backend_name: str, steps: int) -> float:
-    backend = make_backend(backend_name, "cpu" if backend_name == "eager" else None)
-    model = build_model(manifest, cfg, backend)
-    stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    batches = [b.to(backend.device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
-    for b in batches:  # first sight of every shape: compile
-        stepper.train_step([b], 0)
-    backend.wait()
-    times = []
-    for i, b in enumerate(batches):
-        times.append(timed(lambda: (stepper.train_step([b], i + 1), backend.wait())))
+def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) -> float:
+    """Median steady-state steps/s over the same batches, after each shape was seen once."""
+    stepper, device = _stepper(name, manifest)
+    batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
+    for b in batches:
+        stepper.train_step([b], 1)
+    stepper.backend.wait()
+    times = [timed(lambda: (stepper.train_step([b], i + 2), stepper.backend.wait())) for i, b in enumerate(batches)]
     return 1.0 / statistics.median(times)
+
+
+def run_part(part: str, root: Path, args: argparse.Namespace) -> object:
+    kind, pipeline = part.split(":")
+    manifest = Manifest.load(root / "shards")
+    if kind == "first":
+        cfg = load_config(TINY)  # T must be patch-aligned for b2t's step; the reference takes any T
+        lengths = [T - (T - cfg.model.patch_size) % cfg.model.patch_stride for T in args.lengths]
+        return list(zip(lengths, first_step_seconds(pipeline, manifest, lengths, B=4)))
+    if kind == "count":
+        return compile_count(pipeline, root / "shards", manifest, args.steps)
+    return steps_per_second(pipeline, root / "shards", manifest, 12)
+
+
+def in_subprocess(part: str, root: Path, args: argparse.Namespace) -> object:
+    """Each measurement in a fresh process: XLA's in-process graph cache would help whoever runs second."""
+    cmd = [sys.executable, __file__, "--part", part, "--out", str(root), "--steps", str(args.steps),
+           "--lengths", *map(str, args.lengths)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -173,37 +193,37 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--out", type=Path, default=None, help="where the synthetic data goes (default: a temp dir)")
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one measurement, run by main itself
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="b2t-bench-compile-"))
-    cfg = load_config(TINY)
+    if args.part:
+        print(json.dumps(run_part(args.part, root, args)))
+        return
     if not (root / "shards" / "manifest.json").exists():
         write_dataset(SynthSpec(sessions=5, seed=0), root / "hdf5")
-        prepare_dataset(root / "hdf5", root / "shards", cfg, workers=1, progress=False)
+        prepare_dataset(root / "hdf5", root / "shards", load_config(TINY), workers=1, progress=False)
     manifest = Manifest.load(root / "shards")
-    # T must be patch-aligned for our step; the reference takes any T
-    lengths = [T - (T - cfg.model.patch_size) % cfg.model.patch_stride for T in args.lengths]
+    print(f"# b2t compile benchmark, XLA {os.environ.get('PJRT_DEVICE', 'CPU')} device, "
+          f"tiny config, {len(manifest.buckets)} buckets")
 
-    print(f"# b2t compile benchmark on {torch_xla.device()} ({len(manifest.buckets)} buckets, tiny config)")
-    for name in ("openxla", "xla"):
-        cfg_b = load_config(TINY, [f"train.backend={name}"])
-        rows = first_step_seconds(cfg_b, manifest, lengths, B=4)
-        print(f"\n## first step at a new T (s), b2t --backend {name} vs reference, B=4")
-        print("| T | b2t | reference |\n|---|---|---|")
-        for T, ours, theirs in rows:
-            print(f"| {T} | {ours:.1f} | {theirs:.1f} |")
+    pipelines = ("openxla", "xla", "reference")
+    first = {p: in_subprocess(f"first:{p}", root, args) for p in tqdm(pipelines, desc="first steps")}
+    print("\n## first step at a new T (s): trace + compile + run, B=4")
+    print("| T | b2t openxla | b2t xla | reference |\n|---|---|---|---|")
+    for i, (T, _) in enumerate(first["openxla"]):
+        print(f"| {T} | " + " | ".join(f"{first[p][i][1]:.1f}" for p in pipelines) + " |")
 
     print(f"\n## XLA compilations over {args.steps} training steps")
     print("| pipeline | distinct batch shapes | compilations |\n|---|---|---|")
-    for name in ("openxla", "xla"):
-        ours, n_ours, ref, n_ref = compile_counts(load_config(TINY, [f"train.backend={name}"]),
-                                                  root / "shards", manifest, args.steps)
-        print(f"| b2t buckets, --backend {name} | {n_ours} | {ours} |")
-    print(f"| reference, dynamic padding | {n_ref} | {ref} |")
+    for p in tqdm(pipelines, desc="compile counts"):
+        n_shapes, n_compiles = in_subprocess(f"count:{p}", root, args)
+        print(f"| {'b2t buckets, --backend ' + p if p != 'reference' else 'reference, dynamic padding'} "
+              f"| {n_shapes} | {n_compiles} |")
 
-    print("\n## steady-state steps/s, tiny config (median over the same batches)")
+    print("\n## steady-state steps/s, tiny config (median over the same 12 batches)")
     print("| backend | steps/s |\n|---|---|")
     for name in ("openxla", "xla", "eager"):
-        print(f"| {name} | {steps_per_second(cfg, root / 'shards', manifest, name, 12):.2f} |")
+        print(f"| {name} | {in_subprocess(f'speed:{name}', root, args):.2f} |")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,14 @@ class GRUDecoder(nn.Module):
         self.out = nn.Linear(cfg.n_units, N_CLASSES, device=_CPU, dtype=PARAM_DTYPE)
         nn.init.xavier_uniform_(self.out.weight)
 
-    def forward(self, features: torch.Tensor, day_indices: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, day_indices: torch.Tensor,
+                input_keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, P, C) for features (B, T, F) of any float dtype and int32 day ids (B,).
+
+        `input_keep` (B, T, F): a ready-made input-dropout mask (0 or 1/(1-p)) used instead of
+        `input_dropout`. The trainer draws it outside the compiled region: under
+        torch.compile(openxla) a dropout inside the graph drew the same mask every step
+        (measured: val PER stuck near 1 while the lazy backend learned).
 
         P = (T - patch_size) // patch_stride + 1: the output covers the whole padded T;
         `output_lengths` says how many patches of each row hold real data.
@@ -81,7 +87,8 @@ class GRUDecoder(nn.Module):
         w = self.day_weights.index_select(0, day_indices)  # (B, F, F)
         b = self.day_biases.index_select(0, day_indices)  # (B, 1, F)
         # baddbmm (unlike bmm + b) is on the autocast lists, so its output is the compute dtype
-        x = self.input_dropout(F.softsign(torch.baddbmm(b, x, w)))  # (B, T, F)
+        x = F.softsign(torch.baddbmm(b, x, w))  # (B, T, F)
+        x = self.input_dropout(x) if input_keep is None else x * input_keep
         x = patches(x, self.cfg.patch_size, self.cfg.patch_stride)  # (B, P, size*F)
         h0 = self.h0.expand(self.cfg.n_layers, x.shape[0], -1).contiguous()  # (n_layers, B, H)
         y = self.recurrence(x, h0)  # (B, P, H)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from b2t.config import Config
-from b2t.contract import LOSS_DTYPE
+from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE
 from b2t.data.loader import Batch
 from b2t.model.ctc import ctc_loss
 from b2t.train.augment import augment
@@ -65,18 +65,21 @@ class Stepper:
                     }
 
     def _logits_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                        phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                        phone_seq_lens: Tensor, day_indices: Tensor,
+                        input_keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         with self.backend.autocast():
-            logits = self.forward(features, day_indices)  # (B, P, C) bf16
+            logits = self.forward(features, day_indices, input_keep)  # (B, P, C) bf16
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # CTC in f32
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
         nll = ctc_loss(log_probs, seq_class_ids, out_lens, phone_seq_lens)  # (B,)
         return logits, nll, out_lens
 
     def _forward_loss(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                      phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor) -> Tensor:
+                      phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor,
+                      input_keep: Tensor | None = None) -> Tensor:
         """Mean CTC loss over the batch's valid rows (padding rows weigh nothing)."""
-        _, nll, _ = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
+        _, nll, _ = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                         input_keep)
         weight = valid.to(LOSS_DTYPE)
         return (nll * weight).sum() / weight.sum().clamp(min=1.0)
 
@@ -99,7 +102,11 @@ class Stepper:
         features, n_time_steps = augment(t["features"], t["n_time_steps"], self.cfg.augment, train=train)
         inputs = {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
                   "phone_seq_lens": t["phone_seq_lens"], "day_indices": t["day_indices"]}
-        return {**inputs, "valid": t["valid"]} if train else inputs
+        if not train:
+            return inputs
+        p = self.cfg.model.input_dropout  # the mask is drawn here, outside the compiled region
+        keep = (torch.rand(features.shape, dtype=torch.float32, device=features.device) >= p).to(COMPUTE_DTYPE)
+        return {**inputs, "valid": t["valid"], "input_keep": keep / (1.0 - p)}
 
     def seed(self, step: int, micro: int = 0) -> None:
         """Per-step RNG seed: a resumed run draws the same noise and dropout as an unbroken one."""
