@@ -12,6 +12,7 @@ the same way, in manifest order.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from collections.abc import Iterator
@@ -123,5 +124,5 @@ def train_batches(root: str | Path, manifest: Manifest, cfg: StreamConfig, *, st
 
 def eval_batches(root: str | Path, manifest: Manifest, split: str, cfg: StreamConfig) -> Iterator[Batch]:
     """Every batch of `split` (val/test) once, in manifest order per worker."""
-    unshuffled = StreamConfig(seed=cfg.seed, shuffle_buffer=1, num_workers=cfg.num_workers, rank=cfg.rank, world=cfg.world)
+    unshuffled = dataclasses.replace(cfg, shuffle_buffer=1)
     yield from _read(Path(root), manifest, pass_shards(manifest, split, 0, unshuffled), unshuffled, "")

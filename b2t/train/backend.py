@@ -65,7 +65,16 @@ class Backend:
         tensor back compiles a gathering graph per shape, after the warm-up; gathering
         inside the step keeps that out of the loop.
         """
-        return outputs if self.mesh is None else tuple(self.mesh.replicate(t) for t in outputs)
+        return tuple(self.replicated(t) for t in outputs)
+
+    def replicated(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` on the device; on a mesh whole on every device, and annotated so.
+
+        State a step reads and writes (a loss accumulator, say) must carry the same sharding
+        annotation every step: a fresh unannotated upload makes the next step a new graph.
+        """
+        t = t.to(self.device)
+        return t if self.mesh is None else self.mesh.replicate(t)
 
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""

@@ -2,11 +2,11 @@
 
 Two engines, one trainer:
 
-- XLA (`--devices all` or `--mesh data=N` with the openxla or xla backend): GSPMD. The
-  process sees every device as one; each batch tensor is sharded along its batch dim over
-  a 1-D mesh named `data`, the weights and AdamW state stay replicated, and XLA inserts
-  the gradient all-reduce. Still one graph per bucket, so every bucket's B must divide
-  evenly over the mesh (`data.row_multiple` in the preprocessor makes it so).
+- XLA (`--devices all` or `--mesh data=N`, xla backend): GSPMD. The process sees every
+  device as one; each batch tensor is sharded along its batch dim over a 1-D mesh named
+  `data`, the weights and AdamW state stay replicated, and XLA inserts the gradient
+  all-reduce. Still one graph per bucket, so every bucket's B must divide evenly over the
+  mesh (`data.row_multiple` in the preprocessor makes it so).
 - torch.distributed (`torchrun`, with the inductor or eager backend): one process per
   device, DistributedDataParallel all-reduces gradients; NCCL on CUDA, gloo on the CPU.
 
@@ -15,6 +15,10 @@ Either way the data reader splits shards by (rank, world) (`b2t.data.loader`), o
 state dict, so they load on one device and on any mesh alike.
 
 SPMD caveats measured with torch_xla 2.9 (why `enable_spmd` sets what it sets):
+- Only the lazy `xla` backend: `torch.compile(backend="openxla")` runs under SPMD, but from
+  the second step on its gradients differed from one device's (grad norm 2% off at step 2,
+  a factor 2.5 by step 5, with dropout and noise off), while the lazy step matched to 1e-3.
+  (`python -m tests.train._parallel_probe ... --backend openxla` reproduces it.)
 - `use_spmd()` must run before any XLA computation, so it runs before the backend is made.
 - The scan backward (GRU and CTC islands) calls `torch_xla...shard_as`, which needs jax
   and torchax installed (`torch_xla[pallas]` pulls jax; torchax is separate).
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 MESH_AXIS = "data"
+SPMD_BACKEND = "xla"
+"""The backend data-parallel XLA runs use (see the module docstring for why not openxla)."""
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 """Variables torchrun sets for every process it starts."""
 
@@ -148,7 +154,12 @@ class SpmdMesh:
         """`t` annotated to be whole on every device (XLA all-gathers it inside the graph)."""
         import torch_xla.distributed.spmd as xs
 
-        return xs.mark_sharding(t, self.mesh, (None,) * t.dim()).global_tensor
+        spec, whole = sharding_spec(t), (None,) * t.dim()
+        if spec == "{replicated}":
+            return t
+        if spec:  # already computed and split (an openxla graph's output): a resharding node
+            return xs.annotate_custom_sharding(t, self.mesh, whole).global_tensor
+        return xs.mark_sharding(t, self.mesh, whole).global_tensor
 
 
 def sharding_spec(t: torch.Tensor) -> str:
@@ -233,6 +244,9 @@ def make_layout(backend: str, requested: int | None) -> tuple[Layout, SpmdMesh |
                                 "run b2t-train --devices all without torchrun")
         if requested is None:
             return Layout("single"), None, None
+        if backend != SPMD_BACKEND:
+            raise ParallelError(f"--devices needs --backend {SPMD_BACKEND}: with torch_xla 2.9, {backend} under SPMD "
+                                "computed gradients that differ from one device's (see b2t.train.parallel)")
         mesh = enable_spmd(requested)
         return Layout("spmd", devices=mesh.n_devices), mesh, None
     if run is None or run[1] == 1:

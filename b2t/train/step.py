@@ -39,7 +39,7 @@ class Stepper:
         self._train_fn = backend.compile(self._forward_loss)
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(self._forward_log_probs)
-        self._loss_total = _device_zero(backend.device)
+        self._loss_total = _device_zero(backend)
         if optimizer is None:
             return
         # Gradients exist from the start, so the first backward accumulates like every later
@@ -147,7 +147,7 @@ class Stepper:
         the next step would compile a graph of its own (measured).
         """
         total = float(self._loss_total.cpu()[0])
-        self._loss_total = _device_zero(self.backend.device)
+        self._loss_total = _device_zero(self.backend)
         return total
 
     @torch.no_grad()
@@ -210,5 +210,5 @@ def _shape_of(batch: Batch) -> str:
     return f"bucket T={T} B={B}"
 
 
-def _device_zero(device: torch.device) -> Tensor:
-    return torch.zeros((1,), dtype=LOSS_DTYPE, device="cpu").to(device)
+def _device_zero(backend: Backend) -> Tensor:
+    return backend.replicated(torch.zeros((1,), dtype=LOSS_DTYPE, device="cpu"))

@@ -1,0 +1,224 @@
+"""Per-device memory plan of a run, from shapes alone: nothing is built or compiled.
+
+Why: on a TPU the first sign of a batch that does not fit is RESOURCE_EXHAUSTED at the end
+of a many-minute compile. The estimate adds up what one training step keeps alive on each
+device of a data-parallel run (weights replicated, batch split over `devices`):
+
+  static       f32 weights, f32 gradients, AdamW's two f32 moments, the bf16 weight copies
+               autocast makes for the matmuls, and under SPMD one more copy of weights and
+               moments (XLA buffer aliasing is off there, see `parallel`);
+  activations  of one micro-batch of `rows` rows in a bucket of T bins (P patches), per
+               the dtype policy in `b2t.contract` (bf16 compute, f32 GRU state and CTC):
+               augmentation scratch, the day layer (its per-row (F, F) weights gathered),
+               patches (rows, P, size*F), per GRU layer the input projection (rows, P, 3H)
+               and the saved gates and states, logits and f32 log-probabilities, the CTC
+               scan state (P, rows, 2L+1) with its 3-way logsumexp, and as backward
+               workspace one more copy of the largest activation.
+
+It is a model of what the graph holds, not a measurement; the report of issue 5 compares
+it with the peak memory of a real CPU run.
+
+Shape legend: r rows per device, T bins, P patches, F = 512 features, H hidden units,
+S = 2L + 1 CTC states, C = 41 classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from b2t.buckets import patch_count
+from b2t.config import Config, ModelConfig
+from b2t.contract import COMPUTE_DTYPE, FEATURE_DIM, FEATURE_DTYPE, LOSS_DTYPE, N_CLASSES, PARAM_DTYPE, BucketShape
+
+F32, BF16 = PARAM_DTYPE.itemsize, COMPUTE_DTYPE.itemsize
+FEAT, LOSS = FEATURE_DTYPE.itemsize, LOSS_DTYPE.itemsize
+MASK = 1  # a bool dropout mask element
+GiB = 1024**3
+DEFAULT_HEADROOM = 0.1
+"""Share of device memory left to the runtime, fragmentation and XLA's own scratch."""
+
+
+def count_parameters(n_days: int, cfg: ModelConfig) -> int:
+    """Trainable parameters of `GRUDecoder(n_days, cfg)`, by formula."""
+    F, H = FEATURE_DIM, cfg.n_units
+    day = n_days * (F * F + F)
+    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H + 2 * 3 * H for k in range(cfg.n_layers))
+    return day + gru + H + N_CLASSES * H + N_CLASSES
+
+
+def matmul_weights(cfg: ModelConfig) -> int:
+    """Parameters autocast copies to bf16 each step (GRU and output weight matrices)."""
+    F, H = FEATURE_DIM, cfg.n_units
+    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H for k in range(cfg.n_layers))
+    return gru + N_CLASSES * H
+
+
+def activation_bytes(rows: int, T: int, L: int, cfg: ModelConfig) -> dict[str, int]:
+    """Bytes one training micro-batch of `rows` rows x T bins (L label slots) keeps, by part."""
+    F, H, n = FEATURE_DIM, cfg.n_units, cfg.n_layers
+    P = patch_count(T, cfg.patch_size, cfg.patch_stride)
+    S = 2 * L + 1
+    rTF, rPH = rows * T * F, rows * P * H
+    parts = {
+        "batch + augmentation": rTF * FEAT + 3 * rTF * LOSS,  # bf16 input, f32 noise/shift/smooth scratch
+        "day layer": rows * F * F * (F32 + BF16) + rTF * (BF16 + BF16 + MASK + BF16),  # W gathered (r,F,F)
+        "patches": rows * P * cfg.patch_size * F * BF16,  # (r, P, size*F) bf16
+        # per layer: input projection (r,P,3H) bf16, saved gates (r,P,3H) f32, carried h and output (r,P,H) f32
+        "GRU": n * rPH * (3 * BF16 + 3 * F32 + 2 * F32) + (n - 1) * rPH * (MASK + BF16),
+        "output + log-softmax": rPH * BF16 + rows * P * N_CLASSES * (BF16 + LOSS),
+        "CTC scan": rows * P * S * LOSS * (1 + 1 + 3),  # emissions, alpha per step, logsumexp stack
+    }
+    largest = max(rows * F * F * F32, rTF * LOSS, rows * P * cfg.patch_size * F * BF16,
+                  rows * P * 3 * H * F32, rows * P * S * LOSS * 3)
+    parts["backward workspace"] = largest
+    return parts
+
+
+def static_bytes(n_params: int, cfg: ModelConfig, spmd: bool) -> dict[str, int]:
+    parts = {
+        "weights (f32)": n_params * F32,
+        "gradients (f32)": n_params * F32,
+        "AdamW moments (f32)": 2 * n_params * F32,
+        "bf16 weight copies": matmul_weights(cfg) * BF16,
+    }
+    if spmd:
+        parts["update copies (SPMD, no aliasing)"] = 3 * n_params * F32
+    return parts
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    shape: BucketShape
+    rows_per_device: int
+    activations: dict[str, int]
+
+    @property
+    def activation_total(self) -> int:
+        return sum(self.activations.values())
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    devices: int
+    n_params: int
+    static: dict[str, int]
+    buckets: list[BucketPlan]
+    device_memory: int | None = None
+    headroom: float = DEFAULT_HEADROOM
+    fit_rows: int | None = None  # largest rows per device of the largest bucket that fit
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def static_total(self) -> int:
+        return sum(self.static.values())
+
+    @property
+    def largest(self) -> BucketPlan:
+        return max(self.buckets, key=lambda b: b.activation_total)
+
+    @property
+    def peak(self) -> int:
+        """Estimated per-device peak: static plus the activations of the heaviest bucket."""
+        return self.static_total + self.largest.activation_total
+
+
+def step_bytes(rows: int, shape: BucketShape, n_params: int, cfg: ModelConfig, spmd: bool) -> int:
+    """Per-device estimate of a step on `rows` rows of `shape`'s T and L."""
+    return sum(static_bytes(n_params, cfg, spmd).values()) + sum(activation_bytes(rows, shape.T, shape.L, cfg).values())
+
+
+def largest_rows(shape: BucketShape, budget: int, n_params: int, cfg: ModelConfig, spmd: bool) -> int:
+    """The most rows per device of `shape` whose step fits `budget` bytes (0 if none does)."""
+    if step_bytes(1, shape, n_params, cfg, spmd) > budget:
+        return 0
+    lo, hi = 1, 2
+    while step_bytes(hi, shape, n_params, cfg, spmd) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # step_bytes grows with rows: bisect the last row count that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if step_bytes(mid, shape, n_params, cfg, spmd) <= budget else (lo, mid)
+    return lo
+
+
+def plan_memory(buckets: list[BucketShape], n_days: int, cfg: Config, devices: int, *,
+                spmd: bool, device_memory: int | None = None, headroom: float = DEFAULT_HEADROOM) -> MemoryPlan:
+    """The per-device memory plan of training `cfg` on `buckets` split over `devices`."""
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    if not buckets:
+        raise ValueError("no buckets to plan for")
+    n_params = count_parameters(n_days, cfg.model)
+    notes = [f"{b.T}x{b.B}: B does not divide over {devices} devices" for b in buckets if b.B % devices]
+    plans = [BucketPlan(b, b.B // devices, activation_bytes(max(b.B // devices, 1), b.T, b.L, cfg.model))
+             for b in buckets]
+    plan = MemoryPlan(devices, n_params, static_bytes(n_params, cfg.model, spmd), plans, notes=notes)
+    if device_memory is None:
+        return plan
+    budget = int(device_memory * (1.0 - headroom))
+    fit = largest_rows(plan.largest.shape, budget, n_params, cfg.model, spmd)
+    return MemoryPlan(devices, n_params, plan.static, plans, device_memory, headroom, fit, notes)
+
+
+def parse_bytes(text: str) -> int:
+    """'16GiB', '16GB', '512MiB', '1.5e9' -> bytes."""
+    units = {"kib": 1024, "mib": 1024**2, "gib": GiB, "tib": 1024**4, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+             "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            number = t[: -len(unit)]
+            break
+    else:
+        number, scale = t, 1
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError(f"cannot read {text!r} as a memory size: write e.g. 16GiB or 512MiB") from None
+    if value <= 0:
+        raise ValueError(f"memory size must be > 0, got {text!r}")
+    return int(value)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**2:10.1f} MiB"
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / 1024**2:.1f} MiB"
+
+
+def format_plan(plan: MemoryPlan, cfg: Config) -> str:
+    """The plan as the text `b2t-train --plan` prints."""
+    lines = [f"devices: {plan.devices} (batch rows split over them; weights replicated)",
+             f"parameters: {plan.n_params:,}", "",
+             "buckets (T x B, L labels; rows per device; activations per device):"]
+    for b in plan.buckets:
+        s = b.shape
+        lines.append(f"  T={s.T:5d} B={s.B:4d} L={s.L:3d}  rows/device {b.rows_per_device:4d}  "
+                     f"{_mib(b.activation_total)}")
+    lines += ["", "per device:"]
+    lines += [f"  {k:36s}{_mib(v)}" for k, v in plan.static.items()]
+    big = plan.largest
+    lines.append(f"  activations, bucket T={big.shape.T} B={big.shape.B} ({big.rows_per_device} rows/device):")
+    lines += [f"    {k:34s}{_mib(v)}" for k, v in big.activations.items()]
+    lines.append(f"  {'estimated peak':36s}{_mib(plan.peak)}")
+    if plan.device_memory is not None:
+        usable = int(plan.device_memory * (1 - plan.headroom))
+        lines += ["", f"device memory {_size(plan.device_memory)}, planning against {_size(usable)} "
+                      f"({plan.headroom:.0%} headroom):"]
+        verdict = "fits" if plan.peak <= usable else "DOES NOT FIT"
+        lines.append(f"  the configured batches: {verdict}")
+        if plan.fit_rows:
+            micro = plan.fit_rows * plan.devices
+            accum = -(-big.shape.B // micro)
+            lines.append(f"  largest micro-batch of the T={big.shape.T} bucket: {plan.fit_rows} rows/device = "
+                         f"{micro} rows in all")
+            if micro < big.shape.B:
+                lines.append(f"  to keep {big.shape.B} rows per optimizer step: preprocess with a token_budget "
+                             f"giving this bucket <= {micro} rows, and set train.grad_accum={accum}")
+        else:
+            lines.append("  not even one row per device fits: the weights and optimizer state alone are too large")
+    lines += [f"note: {n}" for n in plan.notes]
+    lines.append(f"(config: {cfg.model.n_layers}x{cfg.model.n_units} GRU, patch {cfg.model.patch_size}/"
+                 f"{cfg.model.patch_stride}; an estimate from shapes, nothing was compiled)")
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Data parallelism: XLA SPMD on 4 virtual CPU devices, DDP under torchrun with gloo, layouts.
+
+The SPMD run happens in a subprocess with CPU_NUM_DEVICES=4 (SPMD must be switched on
+before XLA computes anything; this pytest process already set up one XLA device), the
+single-device reference in this process; both step the same batches from the same
+checkpoint (tests/train/_parallel_probe.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from b2t.config import load_config
+from b2t.contract import BucketShape
+from b2t.data.manifest import Manifest
+from b2t.model.decoder import GRUDecoder
+from b2t.train.backend import make_backend
+from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
+from b2t.train.loop import TrainingError, _check_same_readers, build_model, weights_digest
+from b2t.train.optim import make_optimizer
+from b2t.train.parallel import (Layout, ParallelError, check_divisible, make_layout, parse_devices,
+                                torchrun_rank_world)
+from b2t.train.step import Stepper
+from preprocess.synth import SynthSpec, write_dataset
+from preprocess.writer import prepare_dataset
+from tests.train import _parallel_probe as probe
+
+REPO = Path(__file__).resolve().parents[2]
+LOSS_RTOL = 1e-3
+"""SPMD vs one device. The same math, but with the batch split over 4 devices every sum over
+rows (the loss, each weight's gradient) becomes 4 partial sums plus an all-reduce, and the
+matmuls feeding them run in bf16 (relative rounding about 4e-3 per element). Summed over
+thousands of elements those differences mostly cancel: measured at most 6e-5 on losses
+and 1e-3 on gradient norms over 5 steps; 1e-3 leaves room for the losses, the norms get 5e-3."""
+NORM_RTOL = 5e-3
+UPDATE_RTOL = 5e-2
+"""Final weights, as |w_spmd - w_one| / |w_one - w_start| per tensor: AdamW moves every element
+by about +-lr whatever its gradient's size, so an element whose gradient is near zero (the
+output bias of phonemes absent from these batches) can take the other sign from rounding.
+Measured: 2.7e-2 on out.bias, at most 2.2e-3 on every other tensor."""
+
+
+@pytest.fixture(scope="module")
+def hdf5(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("parallel") / "hdf5"
+    write_dataset(SynthSpec(sessions=3, train_trials=32, val_trials=8, test_trials=4, seed=2), root)
+    return root
+
+
+def _prepare(hdf5: Path, out: Path, *overrides: str) -> Path:
+    prepare_dataset(hdf5, out, load_config(probe.TINY, ["data.batches_per_shard=2", *overrides]),
+                    workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shards(hdf5) -> Path:
+    return _prepare(hdf5, hdf5.parent / "shards")
+
+
+def _single_device_checkpoint(shards: Path, path: Path) -> Path:
+    """A checkpoint written on one XLA device: initial weights and AdamW's zero moments."""
+    cfg = load_config(probe.TINY, ["train.backend=xla"])
+    backend = make_backend("xla")
+    model = build_model(Manifest.load(shards), cfg, backend)
+    optimizer = make_optimizer(model, cfg.optim)
+    Stepper(model, optimizer, backend, cfg)  # creates the moments
+    return save_checkpoint(path, model, optimizer, TrainState())
+
+
+def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
+    """The weights of `path` loaded into a model on the CPU (a one-device load)."""
+    model = GRUDecoder(n_days, load_config(probe.TINY).model, xla=False)
+    load_checkpoint(path, model)
+    return model.state_dict()
+
+
+def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path):
+    init = _single_device_checkpoint(shards, tmp_path / "init.safetensors")
+    (tmp_path / "spmd").mkdir()
+    (tmp_path / "one").mkdir()
+    spmd = subprocess.Popen(
+        [sys.executable, "-m", "tests.train._parallel_probe", str(shards), str(init), str(tmp_path / "spmd"),
+         "--devices", "all"],
+        cwd=REPO, env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = probe.run(shards, init, tmp_path / "one", None)
+    out, _ = spmd.communicate(timeout=300)
+    assert spmd.returncode == 0, out[-3000:]
+    many = json.loads((tmp_path / "spmd" / "probe.json").read_text())
+
+    # the batch is split along its rows over the 4 devices; the weights are whole on each
+    assert many["batch_sharding"]["features"] == "{devices=[4,1,1]0,1,2,3}"
+    assert many["batch_sharding"]["seq_class_ids"] == "{devices=[4,1]0,1,2,3}"
+    for name in ("n_time_steps", "phone_seq_lens", "day_indices", "valid"):
+        assert many["batch_sharding"][name] == "{devices=[4]0,1,2,3}", name
+    assert many["weight_sharding"] == "{replicated}"
+    assert set(one["batch_sharding"].values()) == {""}, "one device: nothing sharded"
+
+    # the same losses, gradients and evaluation as one device
+    torch.testing.assert_close([s["loss"] for s in many["steps"]], [s["loss"] for s in one["steps"]],
+                               rtol=LOSS_RTOL, atol=0.0)
+    torch.testing.assert_close([s["grad_norm"] for s in many["steps"]], [s["grad_norm"] for s in one["steps"]],
+                               rtol=NORM_RTOL, atol=0.0)
+    torch.testing.assert_close(many["eval_nll"], one["eval_nll"], rtol=LOSS_RTOL, atol=0.0)
+
+    # one graph per bucket: revisiting a bucket compiles nothing; evaluation is one more graph
+    counts = [s["compilations"] for s in many["steps"]]
+    n_buckets = len(set(probe.ORDER))
+    assert counts[3:] == [counts[2]] * 2, f"revisited buckets recompiled: {counts}"
+    # +1: the first SPMD step also annotates the learning-rate tensors as replicated, so its graph
+    # has three more outputs than every later one (the trainer compiles it during its warm-up)
+    assert many["train_compilations"] <= n_buckets + 1, counts
+    assert many["train_compilations"] <= one["train_compilations"] + 1
+    assert many["eval_compilations"] == 1
+    assert many["fallbacks"] == one["fallbacks"] == {}, "no op runs on the host"
+
+    # the checkpoint of the 4-device run loads on one device and holds the same weights
+    n_days = len(Manifest.load(shards).sessions)
+    start = _cpu_weights(init, n_days)
+    ends = [_cpu_weights(tmp_path / run / "final.safetensors", n_days) for run in ("spmd", "one")]
+    for k, w in start.items():
+        moved = (ends[1][k] - w).norm()
+        assert moved > 0, k
+        assert (ends[0][k] - ends[1][k]).norm() <= UPDATE_RTOL * moved, k
+    tensors, _ = read_checkpoint(tmp_path / "spmd" / "final.safetensors")
+    assert any(k.startswith("optim.") for k in tensors), "the AdamW state is saved too, for resuming"
+
+
+def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path):
+    shards = _prepare(hdf5, tmp_path / "shards", "data.n_buckets=2")  # 2 buckets keep the warm-up short
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "b2t-train"), str(shards), str(run), "--config", str(probe.TINY),
+         "--devices", "all", "--no-progress", "--set", "train.steps=4", "--set", "train.log_every=1",
+         "--set", "train.val_every=2", "--set", "train.checkpoint_every=4"],
+        cwd=REPO, env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "note: --devices trains with --backend xla" in result.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    layout = next(r for r in records if r["kind"] == "layout")
+    assert (layout["parallel"], layout["devices"]) == ("spmd", 4)
+    summary = next(r for r in records if r["kind"] == "summary")
+    warm = summary["warm_up"]["compilations"]
+    assert [r["compilations"] for r in records if r["kind"] == "train"] == [warm] * 4, "nothing compiles after warm-up"
+    assert summary["final"]["compilations"] == warm
+    assert warm <= 3 * summary["buckets"], "per bucket a train and an eval graph, plus the warm-up's own two"
+    assert len([r for r in records if r["kind"] == "val"]) == 2
+
+
+def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(shards, tmp_path):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    b2t_train = Path(sys.executable).parent / "b2t-train"
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(b2t_train), str(shards), str(run),
+         "--config", str(probe.TINY), "--backend", "eager", "--no-progress",
+         "--set", "train.steps=4", "--set", "train.log_every=2", "--set", "train.val_every=4",
+         "--set", "train.checkpoint_every=4", "--set", "train.shuffle_buffer=1"],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    logs = [[json.loads(line) for line in (run / name).read_text().splitlines()]
+            for name in ("metrics.jsonl", "metrics.rank1.jsonl")]
+    layouts = [next(r for r in log if r["kind"] == "layout") for log in logs]
+    assert [(x["parallel"], x["rank"], x["world"]) for x in layouts] == [("ddp", 0, 2), ("ddp", 1, 2)]
+    shares = [set(x["first_pass_shards"]) for x in layouts]
+    assert shares[0] and shares[1] and not shares[0] & shares[1], "each rank reads its own shards"
+    summaries = [next(r for r in log if r["kind"] == "summary") for log in logs]
+    assert summaries[0]["weights_sha256"] == summaries[1]["weights_sha256"], "replicas stay identical"
+    assert [r["kind"] for r in logs[1]].count("val") == 0, "only rank 0 validates"
+    assert sorted(p.name for p in run.glob("*.safetensors")) == ["best.safetensors", "last.safetensors"]
+    # rank 0's checkpoint loads on one device and holds the replicas' weights
+    model = GRUDecoder(len(Manifest.load(shards).sessions), load_config(probe.TINY).model, xla=False)
+    state = load_checkpoint(run / "last.safetensors", model)
+    assert state.step == 4
+    assert weights_digest(model) == summaries[0]["weights_sha256"]
+
+
+@pytest.mark.parametrize(("devices", "mesh", "want"), [
+    (None, None, None), ("all", None, -1), ("4", None, 4), (None, "data=8", 8), (None, " data = all ", -1)])
+def test_devices_and_mesh_options(devices, mesh, want):
+    assert parse_devices(devices, mesh) == want
+
+
+@pytest.mark.parametrize(("devices", "mesh", "message"), [
+    ("0", None, "write 'all' or a positive device count"),
+    ("two", None, "write 'all' or a positive device count"),
+    (None, "model=4", "only a 1-D data mesh is supported"),
+    ("4", "data=4", "give --devices or --mesh, not both")])
+def test_bad_device_options_are_refused(devices, mesh, message):
+    with pytest.raises(ParallelError, match=message):
+        parse_devices(devices, mesh)
+
+
+def test_rank_and_world_come_from_torchrun():
+    assert torchrun_rank_world({}) is None
+    assert torchrun_rank_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (3, 8, 1)
+    with pytest.raises(ParallelError, match="WORLD_SIZE is set but RANK, LOCAL_RANK are not"):
+        torchrun_rank_world({"WORLD_SIZE": "2"})
+
+
+def test_indivisible_buckets_are_refused_naming_both_numbers():
+    check_divisible([BucketShape(T=100, B=16, L=8), BucketShape(T=200, B=8, L=8)], 4)
+    with pytest.raises(ParallelError, match=r"do not divide over 4 devices in buckets T=300 B=6: .*row_multiple=4"):
+        check_divisible([BucketShape(T=100, B=16, L=8), BucketShape(T=300, B=6, L=8)], 4)
+
+
+def test_layouts_refuse_what_cannot_run(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    assert make_layout("xla", None) == (Layout("single"), None, None)
+    assert make_layout("eager", None) == (Layout("single"), None, None)
+    with pytest.raises(ParallelError, match="torchrun --nproc-per-node N"):
+        make_layout("inductor", -1)
+    with pytest.raises(ParallelError, match="--devices needs --backend xla: with torch_xla 2.9, openxla under SPMD"):
+        make_layout("openxla", -1)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ParallelError, match="SPMD in one process per host"):
+        make_layout("openxla", -1)
+    with pytest.raises(ParallelError, match="--devices 3 differs from torchrun's 2 processes"):
+        make_layout("eager", 3)
+
+
+def test_resume_under_another_reader_count_is_refused(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "layout", "parallel": "ddp", "world": 2}) + "\n")
+    _check_same_readers(tmp_path, Layout("ddp", rank=0, world=2, devices=2))
+    with pytest.raises(TrainingError, match="trained with 2 data readers .* this run has 1: resume with 2"):
+        _check_same_readers(tmp_path, Layout("single"))
+
+
+def test_cli_refuses_openxla_across_devices(shards, tmp_path):
+    from click.testing import CliRunner
+
+    from b2t.cli import train_main
+
+    result = CliRunner().invoke(train_main, [str(shards), str(tmp_path / "run"), "--config", str(probe.TINY),
+                                             "--backend", "openxla", "--devices", "all"])
+    assert result.exit_code == 2
+    assert "error: --devices needs --backend xla" in result.output

@@ -1,0 +1,106 @@
+"""The memory planner: exact parameter and weight bytes, monotone estimates, a micro-batch that fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+
+from b2t.cli import train_main
+from b2t.config import load_config
+from b2t.contract import BucketShape
+from b2t.model.decoder import GRUDecoder
+from b2t.train.plan import (GiB, activation_bytes, count_parameters, format_plan, largest_rows, parse_bytes,
+                            plan_memory, step_bytes)
+from tests.strategies import model_configs
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+BASELINE = load_config(CONFIGS / "baseline.yaml")
+TINY = load_config(CONFIGS / "tiny.yaml")
+REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
+                BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88)]
+"""A bucket table like the real data's (trials of 100-2,500 bins, phoneme sequences up to 80)."""
+
+@given(n_days=st.integers(1, 6), cfg=model_configs())
+def test_parameter_count_is_the_model_s(n_days, cfg):
+    model = GRUDecoder(n_days, cfg, xla=False)
+    assert count_parameters(n_days, cfg) == sum(p.numel() for p in model.parameters())
+
+
+def test_baseline_with_45_days_has_the_reference_size_and_4_bytes_per_weight():
+    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 1, spmd=False)
+    assert 43e6 < plan.n_params < 45e6  # "about 44M parameters with 45 days"
+    assert plan.static["weights (f32)"] == plan.n_params * 4
+    assert plan.static["gradients (f32)"] == plan.n_params * 4
+    assert plan.static["AdamW moments (f32)"] == plan.n_params * 8
+
+
+@given(rows=st.integers(1, 64), T=st.integers(14, 3000), L=st.integers(1, 96), more=st.integers(1, 64))
+def test_activations_grow_with_rows_time_and_labels(rows, T, L, more):
+    cfg = BASELINE.model
+    base = sum(activation_bytes(rows, T, L, cfg).values())
+    assert sum(activation_bytes(rows + more, T, L, cfg).values()) > base
+    assert sum(activation_bytes(rows, T + more, L, cfg).values()) >= base
+    assert sum(activation_bytes(rows, T, L + more, cfg).values()) > base
+    parts = activation_bytes(rows, T, L, cfg)
+    assert activation_bytes(2 * rows, T, L, cfg) == {k: 2 * v for k, v in parts.items()}, "linear in rows"
+
+
+def test_more_devices_need_less_memory_each_and_spmd_counts_the_update_copies():
+    one = plan_memory(REAL_BUCKETS, 45, BASELINE, 1, spmd=False)
+    eight = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, spmd=True)
+    assert eight.largest.rows_per_device == 8
+    assert eight.largest.activation_total * 8 == one.largest.activation_total
+    assert eight.static_total == one.static_total + 3 * one.n_params * 4
+    assert eight.peak < one.peak
+
+
+@given(budget_gib=st.floats(0.5, 64.0), devices=st.sampled_from([1, 2, 4, 8]))
+def test_largest_micro_batch_fits_and_one_more_row_does_not(budget_gib, devices):
+    budget = int(budget_gib * GiB)
+    shape = REAL_BUCKETS[-1]
+    n_params = count_parameters(45, BASELINE.model)
+    rows = largest_rows(shape, budget, n_params, BASELINE.model, spmd=devices > 1)
+    if rows:
+        assert step_bytes(rows, shape, n_params, BASELINE.model, devices > 1) <= budget
+    assert step_bytes(rows + 1, shape, n_params, BASELINE.model, devices > 1) > budget
+
+
+def test_plan_reports_the_fit_against_device_memory():
+    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, spmd=True, device_memory=16 * GiB)
+    assert plan.fit_rows == largest_rows(REAL_BUCKETS[-1], int(16 * GiB * 0.9), plan.n_params, BASELINE.model, True)
+    text = format_plan(plan, BASELINE)
+    assert f"largest micro-batch of the T=2498 bucket: {plan.fit_rows} rows/device" in text
+    assert "T= 2498 B=  64 L= 88  rows/device    8" in text
+
+
+@pytest.mark.parametrize(("text", "n"), [("16GiB", 16 * GiB), ("512MiB", 512 * 1024**2), ("16GB", 16 * 10**9),
+                                         ("1.5e9", 1_500_000_000), (" 2 gib ", 2 * GiB)])
+def test_memory_sizes_parse(text, n):
+    assert parse_bytes(text) == n
+
+
+def test_bad_memory_size_says_how_to_write_it():
+    with pytest.raises(ValueError, match="write e.g. 16GiB"):
+        parse_bytes("sixteen gigs")
+
+
+def test_cli_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
+    from b2t.data.manifest import Manifest
+    from preprocess.synth import SynthSpec, write_dataset
+    from preprocess.writer import prepare_dataset
+
+    write_dataset(SynthSpec(sessions=2, train_trials=8, val_trials=2, test_trials=2, seed=4), tmp_path / "hdf5")
+    prepare_dataset(tmp_path / "hdf5", tmp_path / "shards", TINY, splits=("train",), workers=1, progress=False)
+    result = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(CONFIGS / "tiny.yaml"),
+                                             "--plan", "--devices", "4", "--device-memory", "1GiB"])
+    assert result.exit_code == 0, result.output
+    for b in Manifest.load(tmp_path / "shards").buckets:
+        assert f"T={b.T:5d} B={b.B:4d} L={b.L:3d}  rows/device {b.B // 4:4d}" in result.output
+    assert "devices: 4" in result.output and "estimated peak" in result.output
+    assert "largest micro-batch" in result.output
+    assert not list(tmp_path.glob("*.safetensors"))
+
