@@ -43,8 +43,8 @@ def _native(batch: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.T
     return loss.detach(), logits.grad
 
 
-def _on_xla(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ctc_loss` on the XLA device, same outputs as `_native`, fetched to the CPU."""
+def _traced_on_xla(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ctc_loss` and its logit gradient on the XLA device, traced but not yet run."""
     logits = batch["logits"].to(DEVICE).requires_grad_(True)
     loss = ctc_loss(
         F.log_softmax(logits, dim=-1),
@@ -53,8 +53,14 @@ def _on_xla(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
         batch["target_lengths"].to(DEVICE),
     )
     loss.sum().backward()
+    return loss, logits.grad
+
+
+def _on_xla(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ctc_loss` on the XLA device, same outputs as `_native`, fetched to the CPU."""
+    loss, grad = _traced_on_xla(batch)
     torch_xla.sync()
-    return loss.detach().cpu(), logits.grad.cpu()
+    return loss.detach().cpu(), grad.cpu()
 
 
 def _compiles() -> int:
@@ -135,16 +141,8 @@ def test_compiled_graph_does_not_grow_with_time():
     """The recursion is one while-loop: the HLO for T=60 and T=600 has the same instructions."""
     instructions, seconds = {}, {}
     for T in (60, 600):
-        batch = _batch(B=4, T=T, L=9, C=41, seed=T)
-        logits = batch["logits"].to(DEVICE).requires_grad_(True)
-        loss = ctc_loss(
-            F.log_softmax(logits, dim=-1),
-            batch["targets"].to(DEVICE),
-            batch["input_lengths"].to(DEVICE),
-            batch["target_lengths"].to(DEVICE),
-        )
-        loss.sum().backward()
-        hlo = torch_xla._XLAC._get_xla_tensors_hlo([loss, logits.grad])
+        loss, grad = _traced_on_xla(_batch(B=4, T=T, L=9, C=41, seed=T))
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo([loss, grad])
         instructions[T] = sum(1 for line in hlo.splitlines() if " = " in line)
         assert " while(" in hlo
         met.clear_all()
