@@ -16,7 +16,7 @@ from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 from tests.conftest import TINY_CONFIG
 
-COMPILES_PER_BUCKET = 30
+COMPILES_PER_BUCKET = 40
 """Budget: measured 25 per bucket for openxla on the tiny config (train forward, backward
 and eval graphs, split by the GRU and CTC islands, plus the lazy optimizer graph)."""
 
