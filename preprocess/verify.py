@@ -7,16 +7,15 @@ moves that failure to a command that names the shard.
 
 from __future__ import annotations
 
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import webdataset as wds
 
 from b2t.contract import BucketShape, check_batch
 from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample
 from preprocess.hdf5_source import file_fingerprint
 from preprocess.writer import one_torch_thread
@@ -70,7 +69,7 @@ def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape
 def _check_samples(path: Path, entry: ShardEntry, manifest: Manifest) -> tuple[int, list[str]]:
     """Decode every batch of one shard; (batches read, problems naming the shard and batch)."""
     problems, batches, trials = [], 0, 0
-    for sample in wds.WebDataset(str(path), shardshuffle=False, empty_check=False):
+    for sample in shard_samples(str(path)):
         key = sample["__key__"]
         try:
             tensors, meta = decode_sample(sample)
@@ -118,7 +117,7 @@ def verify(directory: str | Path, *, decode: bool = True) -> VerifyReport:
             try:
                 with one_torch_thread():
                     batches, problems = _check_samples(path, entry, manifest)
-            except (OSError, ValueError, tarfile.TarError) as e:  # a tar that cannot be read at all
+            except (OSError, ValueError) as e:  # a tar that cannot be read at all
                 batches, problems = 0, [f"{entry.name}: unreadable: {e}"]
             report.batches += batches
             report.errors += problems

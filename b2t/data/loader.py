@@ -7,7 +7,8 @@ seeded order, then shuffles batches in a seeded buffer. Each host (rank of world
 every world-th shard of that order (the same order on every host, since it depends on the
 seed and pass only), so the hosts together read each shard of a pass exactly once; each
 loader worker reads its share of those (`wds.split_by_worker`). Val and test are split
-the same way, in manifest order.
+the same way, in manifest order. The tar stage is `mapped_tar_samples`: shards are read
+in place from the page cache instead of streamed through Python copies (see its module).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from b2t.contract import check_batch
 from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.mapped_tar import mapped_tar_samples
 from b2t.data.sample import decode_sample
 
 
@@ -94,7 +96,7 @@ def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamC
     stages: list[Any] = [
         wds.SimpleShardList([str(root / s.name) for s in shards]),
         wds.split_by_worker,
-        wds.tarfile_to_samples(),
+        mapped_tar_samples,
     ]
     if cfg.shuffle_buffer > 1:
         stages.append(wds.shuffle(cfg.shuffle_buffer, initial=cfg.shuffle_buffer, seed=shuffle_seed))

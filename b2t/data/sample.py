@@ -4,22 +4,32 @@ Keys of a sample: `batch.safetensors` (every contract field, bf16 stored nativel
 round-trips bit-exactly) and `meta.json` (bucket index, split, epoch and, per row, the
 trial identity, or null for padding rows). The writer and the reader both go through
 this module, and decoding never calls pickle.
+
+Encoding uses the safetensors library. Decoding reads the format (a little-endian u64
+header length, a JSON header, then raw little-endian data) itself, because the library
+has no zero-copy load from a buffer: `safetensors.torch.load` copies every tensor, and
+`safe_open` maps a whole file, not a member of a tar. Here the tensors view the sample's
+own bytes, which for local shards are the page-cached shard itself (b2t.data.mapped_tar).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from b2t.contract import FIELDS
 
 TENSORS_KEY = "batch.safetensors"
 META_KEY = "meta.json"
+
+_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+"""safetensors dtype names this codec reads (the contract uses BF16, I32 and BOOL)."""
 
 
 def encode_sample(key: str, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,11 +41,44 @@ def encode_sample(key: str, tensors: Mapping[str, torch.Tensor], meta: Mapping[s
     }
 
 
+def tensor_views(data: bytes | memoryview) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors `data`, viewing its bytes in place when they are writable.
+
+    Read-only data (bytes from a streaming reader) is copied once, so that every tensor
+    handed on owns writable memory either way.
+    """
+    buffer = memoryview(data)
+    if buffer.readonly:
+        buffer = memoryview(bytearray(buffer))
+    if len(buffer) < 8:
+        raise ValueError(f"safetensors data of {len(buffer)} bytes has no header")
+    (n,) = struct.unpack_from("<Q", buffer)
+    if 8 + n > len(buffer):
+        raise ValueError(f"safetensors header of {n} bytes runs past the {len(buffer)} bytes of data")
+    header = json.loads(bytes(buffer[8 : 8 + n]))
+    body = buffer[8 + n :]
+    tensors = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(spec["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name!r} has dtype {spec['dtype']!r}, not one of {sorted(_DTYPES)}")
+        shape, (lo, hi) = [int(d) for d in spec["shape"]], spec["data_offsets"]
+        if not 0 <= lo <= hi <= len(body) or hi - lo != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"tensor {name!r}: bytes {lo}..{hi} of {len(body)} cannot hold {dtype} {shape}")
+        flat = torch.frombuffer(body[lo:hi], dtype=dtype) if hi > lo else torch.empty(0, dtype=dtype)
+        tensors[name] = flat.reshape(shape)
+    return tensors
+
+
 def decode_sample(sample: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Tensors and meta of one raw sample (bytes values, as WebDataset yields them undecoded)."""
+    """Tensors and meta of one raw sample (bytes or memoryview values, undecoded)."""
+    where = f"sample {sample.get('__key__')!r} from {sample.get('__url__')!r}"
+    missing = [k for k in (TENSORS_KEY, META_KEY) if k not in sample]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}")
     try:
-        tensors = st_load(bytes(sample[TENSORS_KEY]))
-        meta = json.loads(sample[META_KEY])
-    except KeyError as e:
-        raise ValueError(f"sample {sample.get('__key__')!r} from {sample.get('__url__')!r} lacks {e}") from None
-    return tensors, meta
+        return tensor_views(sample[TENSORS_KEY]), json.loads(bytes(sample[META_KEY]))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{where} does not decode: {e!r}") from None
