@@ -21,7 +21,8 @@ import click
 
 from b2t.cli import config_option, fail, set_option
 from b2t.config import ConfigError, load_config
-from b2t.data.manifest import SPLITS, Manifest, atomic_write_text
+from b2t.atomic import atomic_write_text
+from b2t.data.manifest import SPLITS, Manifest
 from b2t.evaluate import (
     EvalSummary,
     Evaluator,

@@ -9,12 +9,11 @@ it names is complete, so a manifest never points at a partial shard.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from b2t.atomic import atomic_write_text
 from b2t.contract import FIELDS, BucketShape
 
 MANIFEST_NAME = "manifest.json"
@@ -103,23 +102,3 @@ class Manifest:
 
     def epochs(self, split: str = "train") -> list[int]:
         return sorted({s.epoch for s in self.shards_of(split)})
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
-    """Write `data` to `path` via a temp file in the same directory and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_text(path: Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode())

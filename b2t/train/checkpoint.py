@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
-from b2t.data.manifest import atomic_write_bytes
+from b2t.atomic import atomic_write_bytes
 
 FORMAT = "b2t-checkpoint-1"
 
