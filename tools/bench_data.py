@@ -1,17 +1,20 @@
-"""Data-path benchmark: our shards through WebDataset vs a loader like the public baseline's.
+"""Data-path benchmark: our shards through b2t's loader vs a loader like the public baseline's.
 
 Every path delivers the same batches (the same trials, batch by batch, taken from the
 shards' own meta) through `DataLoader(batch_size=None)`:
-- shards: each WebDataset sample is a whole batch; decoded with `decode_sample` into the
-  contract tensors (bf16 features, padded to the bucket length);
-- shards-mmap: the same shards through a memory-mapped probe reader (`MmapShardBatches`),
-  to tell the cost of the format from the cost of WebDataset's tar streaming;
+- b2t loader: `b2t.data.loader.train_batches`, the trainer's own stream (WebDataset
+  pipeline with the memory-mapped tar stage; tensors view the page-cached shard);
+- wds stream: the same shards through WebDataset's streaming tar reader and
+  `decode_sample` (what the loader did before the mapped stage), for comparison;
 - reference: like the baseline's dataset, each batch opens the HDF5 file of each of its
   days, reads every chosen trial (features, phoneme ids, transcription, attributes) and
   pads to the batch's longest trial with `pad_sequence` (f32 features).
-Timings are paired in one process (repetitions alternate which path goes first; medians
-reported), torch runs one thread in both, and peak RSS comes from running each path in a
-child process that reports its own high-water mark (Linux).
+Each path is timed with three consumers: `read` (the loop gets the batch and touches
+nothing), `copy` (every delivered tensor is copied once into a reused host buffer, as a
+host-to-device DMA would read it) and `xla` (every tensor moved to the XLA CPU device,
+as the trainer does). Timings are paired in one process (repetitions alternate the path
+order; medians reported), torch runs one thread, and peak RSS comes from a child process
+that makes one `copy` pass and reports its own high-water mark (Linux).
 
     python tools/bench_data.py                # 300 trials of about 350-1,900 bins
     python tools/bench_data.py --short        # b2t-synth's default, shorter trials
@@ -19,17 +22,14 @@ child process that reports its own high-water mark (Linux).
 
 from __future__ import annotations
 
-import json
-import mmap
+import itertools
+import os
 import statistics
-import struct
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import click
@@ -40,24 +40,23 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from b2t.config import Config, DataConfig, ModelConfig
+from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
-from b2t.data.sample import META_KEY, TENSORS_KEY, decode_sample
+from b2t.data.sample import decode_sample
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
 
 LONG = {"words": (4, 16), "bins_per_phoneme": (12, 32), "rest_bins": (20, 100)}
 """b2t-synth options for the real data's length range (about 350-1,900 bins, median ~1,050)."""
 
-SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "I32": torch.int32, "BOOL": torch.bool}
+PATHS = ("b2t loader", "wds stream", "reference")
+CONSUMERS = ("read", "copy", "xla")
 Composition = list[tuple[str, str, int]]  # per batch: (file relative to the source, trial group, day index)
+Batches = Callable[[], Iterable[dict[str, torch.Tensor]]]
 
 
-def batch_bytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.nbytes for t in tensors.values())
-
-
-class ShardBatches(torch.utils.data.IterableDataset):
-    """Our path: one WebDataset sample is one batch; decode to the contract tensors."""
+class WdsStream(torch.utils.data.IterableDataset):
+    """The shards through WebDataset's streaming tar reader: payloads arrive as bytes."""
 
     def __init__(self, urls: list[str]):
         self.urls = urls
@@ -65,47 +64,6 @@ class ShardBatches(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         for sample in wds.WebDataset(self.urls, shardshuffle=False, empty_check=False):
             yield decode_sample(sample)[0]
-
-
-class MmapShardBatches(torch.utils.data.IterableDataset):
-    """A probe, not WebDataset: the same shards read the way a local-disk reader could.
-
-    Each tar is indexed once and memory-mapped; a batch's tensors are viewed in place
-    (safetensors: u64 header length, JSON header, raw data) and cloned once, so every
-    byte is still copied out of the page cache, as a consumer would. It separates the
-    cost of the format from the cost of WebDataset's streaming tar reader.
-    """
-
-    def __init__(self, urls: list[str]):
-        self.urls = urls
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for url in self.urls:
-            with tarfile.open(url, "r:") as tar:
-                members = [(m.name, m.offset_data, m.size) for m in tar.getmembers()]
-            with open(url, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                for name, offset, size in members:
-                    if name.endswith("." + META_KEY):
-                        json.loads(bytes(view[offset:offset + size]))
-                    elif name.endswith("." + TENSORS_KEY):
-                        yield _safetensors_at(view, offset)
-                view.release()
-
-
-def _safetensors_at(view: memoryview, offset: int) -> dict[str, torch.Tensor]:
-    (n,) = struct.unpack_from("<Q", view, offset)
-    header = json.loads(bytes(view[offset + 8:offset + 8 + n]))
-    start = offset + 8 + n
-    tensors = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the mapping is read-only; we clone at once
-        for name, spec in header.items():
-            if name != "__metadata__":
-                lo, hi = spec["data_offsets"]
-                flat = torch.frombuffer(view[start + lo:start + hi], dtype=SAFETENSORS_DTYPES[spec["dtype"]])
-                tensors[name] = flat.reshape(spec["shape"]).clone()
-    return tensors
 
 
 class ReferenceBatches(Dataset):
@@ -147,34 +105,69 @@ class ReferenceBatches(Dataset):
         }
 
 
-def read_all(dataset: Dataset) -> tuple[int, int]:
-    """(batches, bytes of delivered tensors) of one full pass, as a trainer's loop would pull them."""
+class Consumer:
+    """What the loop does with each delivered batch; see the module docstring."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.staging = torch.empty(0, dtype=torch.uint8)
+        self.device = None
+        if kind == "xla":
+            os.environ.setdefault("PJRT_DEVICE", "CPU")
+            import torch_xla
+
+            self.device, self.sync = torch_xla.device(), torch_xla.sync
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> int:
+        size = sum(t.nbytes for t in batch.values())
+        if self.kind == "copy":
+            if self.staging.numel() < size:
+                self.staging = torch.empty(size, dtype=torch.uint8)
+            offset = 0
+            for t in batch.values():
+                self.staging[offset:offset + t.nbytes].copy_(t.reshape(-1).view(torch.uint8))
+                offset += t.nbytes
+        elif self.kind == "xla":
+            on_device = [t.to(self.device) for t in batch.values()]
+            self.sync(wait=True)
+            del on_device
+        return size
+
+
+def one_pass(batches: Batches, consume: Consumer) -> tuple[int, int]:
+    """(batches, delivered tensor bytes) of one full pass, as a trainer's loop would pull them."""
     n, size = 0, 0
-    for batch in DataLoader(dataset, batch_size=None, num_workers=0):
+    for batch in batches():
         n += 1
-        size += batch_bytes(batch)
+        size += consume(batch)
     return n, size
 
 
 def compositions(out: Path, manifest: Manifest) -> list[Composition]:
-    """The trials of every train batch, in shard order, from the shards' own meta."""
-    batches = []
-    for sample in wds.WebDataset([str(out / s.name) for s in manifest.shards_of("train")], shardshuffle=False):
-        meta = decode_sample(sample)[1]
-        batches.append([(r["file"], r["group"], manifest.sessions.index(r["session"])) for r in meta["rows"] if r])
-    return batches
+    """The trials of every train batch, in the loader's order, from the shards' own meta."""
+    return [[(r["file"], r["group"], manifest.sessions.index(r["session"])) for r in batch.meta["rows"] if r]
+            for batch in loader_batches(out, manifest)]
 
 
-def make_paths(src: Path, out: Path) -> dict[str, Callable[[], tuple[int, int]]]:
+def loader_batches(out: Path, manifest: Manifest) -> Iterator:
+    """Every train batch of every written composition once, through the trainer's stream."""
+    n = sum(s.n_batches for s in manifest.shards_of("train"))
+    return itertools.islice(train_batches(out, manifest, StreamConfig()), n)
+
+
+def make_paths(src: Path, out: Path) -> dict[str, Batches]:
     manifest = Manifest.load(out)
-    urls = [str(out / s.name) for s in manifest.shards_of("train")]
-    datasets = {"shards": ShardBatches(urls), "shards-mmap": MmapShardBatches(urls),
-                "reference": ReferenceBatches(src, compositions(out, manifest))}
-    return {name: (lambda d=d: read_all(d)) for name, d in datasets.items()}
+    wds_urls = [str(out / s.name) for e in manifest.epochs("train") for s in manifest.shards_of("train", e)]
+    reference = ReferenceBatches(src, compositions(out, manifest))
+    return {
+        "b2t loader": lambda: (b.tensors for b in loader_batches(out, manifest)),
+        "wds stream": lambda: DataLoader(WdsStream(wds_urls), batch_size=None, num_workers=0),
+        "reference": lambda: DataLoader(reference, batch_size=None, num_workers=0),
+    }
 
 
 def peak_rss_mib(path: str, src: Path, out: Path) -> float:
-    """Peak RSS of a child process that makes one pass of `path` (or only imports, for 'idle').
+    """Peak RSS of a child that makes one `copy` pass of `path` (or only imports, for 'idle').
 
     The child reports its own VmHWM: `ru_maxrss` would also count the pages the child
     shared with this (large) process between fork and exec.
@@ -189,9 +182,23 @@ def peak_rss_mib(path: str, src: Path, out: Path) -> float:
 def run_child(path: str, src: Path, out: Path) -> None:
     torch.set_num_threads(1)
     if path != "idle":
-        make_paths(src, out)[path]()
+        one_pass(make_paths(src, out)[path], Consumer("copy"))
     status = Path("/proc/self/status").read_text()
     print(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))  # KiB
+
+
+def time_paths(paths: dict[str, Batches], consume: Consumer, reps: int) -> dict[str, tuple[float, int, int]]:
+    """Per path: (median seconds per pass, batches, bytes); passes alternate the path order."""
+    for batches in paths.values():  # warm-up: every source now sits in the page cache
+        one_pass(batches, consume)
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    sizes: dict[str, tuple[int, int]] = {}
+    for r in range(reps):
+        for name in (list(paths) if r % 2 == 0 else list(reversed(paths))):
+            t = time.perf_counter()
+            sizes[name] = one_pass(paths[name], consume)
+            seconds[name].append(time.perf_counter() - t)
+    return {name: (statistics.median(seconds[name]), *sizes[name]) for name in paths}
 
 
 def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: int) -> None:
@@ -204,15 +211,7 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
     prep_s = time.perf_counter() - t0
     torch.set_num_threads(1)
     paths = make_paths(src, out)
-    for read in paths.values():  # warm-up: both sources now sit in the page cache
-        read()
-    seconds: dict[str, list[float]] = {name: [] for name in paths}
-    sizes: dict[str, tuple[int, int]] = {}
-    for r in range(reps):
-        for name in (list(paths) if r % 2 == 0 else list(reversed(paths))):
-            t = time.perf_counter()
-            sizes[name] = paths[name]()
-            seconds[name].append(time.perf_counter() - t)
+    timed = {kind: time_paths(paths, Consumer(kind), reps) for kind in CONSUMERS}
     rss = {name: peak_rss_mib(name, src, out) for name in ("idle", *paths)}
 
     buckets = ", ".join(f"{b.T}x{b.B}" for b in report.manifest.buckets)
@@ -226,21 +225,19 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
     print(f"  {prep_s:.1f} s with {workers} worker(s) for scan + checks + writing = "
           f"{report.scanned_trials / prep_s:.0f} source trials/s; writing alone "
           f"{report.written_trials / report.write_seconds:.0f} rows/s")
-    print(f"reading: median of {reps} paired passes over {sizes['shards'][0]} batches, "
+    print(f"reading: median of {reps} paired passes over {timed['read']['reference'][1]} batches per consumer, "
           "one torch thread, warm page cache\n")
-    print(f"{'path':<12} {'batches/s':>10} {'GB/s':>6} {'vs reference':>13} {'peak RSS MiB':>13} "
-          f"{'(idle ' + format(rss['idle'], '.0f') + ')':>11}")
-    reference = statistics.median(seconds["reference"])
+    print(f"{'path':<11}" + "".join(f"{kind + ' b/s':>11} {'vs ref':>7} {'GB/s':>5}" for kind in CONSUMERS)
+          + f"  peak RSS MiB (idle {rss['idle']:.0f})")
     for name in paths:
-        med = statistics.median(seconds[name])
-        n, size = sizes[name]
-        paired = statistics.median(r / s for s, r in zip(seconds[name], seconds["reference"]))
-        print(f"{name:<12} {n / med:>10.1f} {size / med / 1e9:>6.2f} {reference / med:>12.1f}x "
-              f"{rss[name]:>13.0f} {rss[name] - rss['idle']:>+11.0f}")
-        if name != "reference":
-            print(f"{'':<12} median of per-pass ratios {paired:.1f}x")
-    print("\nGB/s counts delivered tensor bytes (bf16 features for shards, f32 for the reference); "
-          "shards = WebDataset + decode_sample, shards-mmap = the probe reader above")
+        row = f"{name:<11}"
+        for kind in CONSUMERS:
+            seconds, n, size = timed[kind][name]
+            row += f"{n / seconds:>11.1f} {timed[kind]['reference'][0] / seconds:>6.1f}x {size / seconds / 1e9:>5.2f}"
+        print(row + f"  {rss[name]:>8.0f} ({rss[name] - rss['idle']:+.0f})")
+    print("\nGB/s counts delivered tensor bytes (bf16 features for shards, f32 for the reference). "
+          "read: the batch reaches the loop; copy: + every byte copied once on the host; "
+          "xla: + moved to the XLA CPU device")
 
 
 @click.command()
@@ -255,7 +252,7 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
 @click.option("--workers", default=1, show_default=True, help="b2t-preprocess workers.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the data here (must not exist).")
-@click.option("--child", type=click.Choice(["idle", "shards", "shards-mmap", "reference"]), hidden=True)
+@click.option("--child", type=click.Choice(["idle", *PATHS]), hidden=True)
 @click.option("--src", type=click.Path(path_type=Path), hidden=True)
 @click.option("--out", type=click.Path(path_type=Path), hidden=True)
 def main(sessions: int, train_trials: int, short: bool, batch_size: int, epochs: int, reps: int, workers: int,
