@@ -40,8 +40,8 @@ def fail(message: str) -> None:
 @click.option("--device", default=None, help="Device override, e.g. cuda:1 (default: the backend's first device).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs still go to RUN_DIR/metrics.jsonl).")
 @click.option("--devices", default=None, metavar="all|N",
-              help="Data-parallel over all (or N) devices of this host with XLA SPMD (on the xla backend, "
-                   "chosen unless --backend says otherwise); every bucket's B must divide by the device "
+              help="Data-parallel over all (or N) devices of this host with XLA SPMD (openxla or xla "
+                   "backend); every bucket's B must divide by the device "
                    "count (data.row_multiple). On GPUs use torchrun --nproc-per-node N b2t-train ... instead.")
 @click.option("--mesh", default=None, metavar="data=N", help="The SPMD mesh, the same as --devices N.")
 @click.option("--plan", is_flag=True,
@@ -61,17 +61,13 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
     XLA compilations and host fallbacks).
     """
     from b2t.train.loop import RunOptions, TrainingError, train
-    from b2t.train.parallel import SPMD_BACKEND, parse_devices
+    from b2t.train.parallel import parse_devices
 
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
         cfg = load_config(config_path, overrides)
         n_devices = parse_devices(devices, mesh)
-        if n_devices is not None and cfg.train.backend == "openxla" and backend is None:
-            click.echo(f"note: --devices trains with --backend {SPMD_BACKEND} (openxla under SPMD is not "
-                       "trustworthy in torch_xla 2.9)", err=True)
-            cfg = load_config(config_path, (*overrides, f"train.backend={SPMD_BACKEND}"))
         if plan:
             click.echo(_plan_text(dataset, cfg, n_devices, device_memory))
             return

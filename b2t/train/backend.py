@@ -81,6 +81,10 @@ class Backend:
         if self.name in ("eager", "xla"):
             return fn
         backend = "openxla" if self.name == "openxla" else "inductor"
+        if self.name == "openxla" and self.mesh is not None:
+            from b2t.train.parallel import spmd_openxla
+
+            backend = spmd_openxla()
         # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
         # run a bucket eagerly, so lift the limit well above any sensible bucket count.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -91,11 +95,15 @@ class Backend:
         return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE)
 
     def sync(self) -> None:
-        """Cut the lazy XLA graph here and run it (a no-op off XLA)."""
+        """Cut the lazy XLA graph here and run it (a no-op off XLA).
+
+        On an SPMD mesh, also wait for it: tracing the next step while the mesh still ran
+        this one crashed the process inside torch_xla (see `parallel`).
+        """
         if self.xla:
             import torch_xla
 
-            torch_xla.sync()
+            torch_xla.sync(wait=self.mesh is not None)
 
     def wait(self) -> None:
         """Block until the device has finished queued work (for timing)."""

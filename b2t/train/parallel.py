@@ -2,9 +2,9 @@
 
 Two engines, one trainer:
 
-- XLA (`--devices all` or `--mesh data=N`, xla backend): GSPMD. The process sees every
-  device as one; each batch tensor is sharded along its batch dim over a 1-D mesh named
-  `data`, the weights and AdamW state stay replicated, and XLA inserts the gradient
+- XLA (`--devices all` or `--mesh data=N`, openxla or xla backend): GSPMD. The process sees
+  every device as one; each batch tensor is sharded along its batch dim over a 1-D mesh
+  named `data`, the weights and AdamW state stay replicated, and XLA inserts the gradient
   all-reduce. Still one graph per bucket, so every bucket's B must divide evenly over the
   mesh (`data.row_multiple` in the preprocessor makes it so).
 - torch.distributed (`torchrun`, with the inductor or eager backend): one process per
@@ -15,10 +15,17 @@ Either way the data reader splits shards by (rank, world) (`b2t.data.loader`), o
 state dict, so they load on one device and on any mesh alike.
 
 SPMD caveats measured with torch_xla 2.9 (why `enable_spmd` sets what it sets):
-- Only the lazy `xla` backend: `torch.compile(backend="openxla")` runs under SPMD, but from
-  the second step on its gradients differed from one device's (grad norm 2% off at step 2,
-  a factor 2.5 by step 5, with dropout and noise off), while the lazy step matched to 1e-3.
-  (`python -m tests.train._parallel_probe ... --backend openxla` reproduces it.)
+- openxla: torch_xla's dynamo bridge, when it runs a compiled backward graph again, feeds a
+  forward input that the backward reads as-is (the day indices, for the day layers'
+  gradient) from the first call's buffer, not this call's: from the second step on the
+  day-layer gradients were wrong (a bmm against a batch-expanded weight reproduces it in a
+  dozen lines; one device is unaffected). So under SPMD dynamo's forward graphs are
+  compiled by the bridge and their backward graphs are traced lazily into the step
+  (`spmd_openxla`), which matches one device.
+- Tracing the next step while the mesh still executes this one crashed the process inside
+  torch_xla (a segfault building the scan backward's lowering context, or a collective
+  rendezvous timeout), within a few steps of most CLI runs; `Backend.sync` waits for the
+  step under SPMD, which costs the overlap of tracing with execution.
 - `use_spmd()` must run before any XLA computation, so it runs before the backend is made.
 - The scan backward (GRU and CTC islands) calls `torch_xla...shard_as`, which needs jax
   and torchax installed (`torch_xla[pallas]` pulls jax; torchax is separate).
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,8 +54,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 MESH_AXIS = "data"
-SPMD_BACKEND = "xla"
-"""The backend data-parallel XLA runs use (see the module docstring for why not openxla)."""
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 """Variables torchrun sets for every process it starts."""
 
@@ -169,6 +175,17 @@ def sharding_spec(t: torch.Tensor) -> str:
     return torch_xla._XLAC._get_xla_sharding_spec(t)
 
 
+def spmd_openxla() -> Callable:
+    """The openxla compiler for SPMD runs: dynamo's forward graphs compiled by torch_xla's
+    bridge, their AOT backward graphs traced lazily into the step (see the module docstring).
+    """
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.torchxla import openxla_eval_boxed
+
+    return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+
+
 def enable_spmd(requested: int) -> SpmdMesh:
     """Switch this process to SPMD over `requested` devices (-1: all). Call before any XLA work."""
     select_pjrt_device()
@@ -244,9 +261,6 @@ def make_layout(backend: str, requested: int | None) -> tuple[Layout, SpmdMesh |
                                 "run b2t-train --devices all without torchrun")
         if requested is None:
             return Layout("single"), None, None
-        if backend != SPMD_BACKEND:
-            raise ParallelError(f"--devices needs --backend {SPMD_BACKEND}: with torch_xla 2.9, {backend} under SPMD "
-                                "computed gradients that differ from one device's (see b2t.train.parallel)")
         mesh = enable_spmd(requested)
         return Layout("spmd", devices=mesh.n_devices), mesh, None
     if run is None or run[1] == 1:
