@@ -131,8 +131,16 @@ class Stepper:
         return norm.detach()
 
     def train_step(self, batches: list[Batch], step: int) -> tuple[Tensor, Tensor]:
-        """One optimizer step over `grad_accum` micro-batches; returns (mean loss, grad norm)."""
-        losses = [self.forward_backward(b, step, i) for i, b in enumerate(batches)]
+        """One optimizer step over `grad_accum` micro-batches; returns (mean loss, grad norm).
+
+        Under DDP, gradients are all-reduced in the last micro-batch's backward only
+        (`no_sync` around the others): the sum is the same, the traffic 1/grad_accum.
+        """
+        no_sync = getattr(self.forward, "no_sync", contextlib.nullcontext)
+        losses = []
+        for i, batch in enumerate(batches):
+            with no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
+                losses.append(self.forward_backward(batch, step, i))
         norm = self.update(step)
         loss = torch.stack(losses).mean()
         self._loss_total += loss  # inside the step's graph, so every step traces the same graph

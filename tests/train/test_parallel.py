@@ -247,6 +247,36 @@ def test_resume_under_another_reader_count_is_refused(tmp_path):
         _check_same_readers(tmp_path, Layout("single"))
 
 
+def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
+    """All-reduce calls of one optimizer step over `grad_accum` micro-batches, DDP in a world of 1."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from b2t.data.loader import StreamConfig, train_batches
+    from b2t.train.parallel import close_ddp, wrap_ddp
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / f"store{grad_accum}"), 1), rank=0, world_size=1)
+    try:
+        cfg = load_config(probe.TINY, ["train.backend=eager", f"train.grad_accum={grad_accum}"])
+        manifest, backend = Manifest.load(shards), make_backend("eager", "cpu")
+        model = build_model(manifest, cfg, backend)
+        ddp = wrap_ddp(model, backend.device)
+        calls = []
+        ddp.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(state, bucket))
+        stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg, ddp)
+        batches = train_batches(shards, manifest, StreamConfig())
+        stepper.train_step([next(batches) for _ in range(grad_accum)], 1)
+        return len(calls)
+    finally:
+        close_ddp()
+
+
+def test_ddp_all_reduces_once_per_optimizer_step(shards, tmp_path):
+    once = _ddp_all_reduces(shards, tmp_path, 1)
+    assert once >= 1
+    assert _ddp_all_reduces(shards, tmp_path, 3) == once, "micro-batches before the last skip the all-reduce"
+
+
 def test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has():
     result = subprocess.run([sys.executable, "-m", "tests.train._bridge_repro"], cwd=REPO, capture_output=True,
                             text=True, timeout=300, env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"})
