@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,6 +47,9 @@ class Backend:
     name: str
     device: torch.device
     mesh: SpmdMesh | None = None  # XLA SPMD: batches are split along their batch dim over it
+    baseline: CompileStats = field(default_factory=lambda: CompileStats(0, {}))
+    """The process's XLA counters when this backend was made: `stats` counts from there, so a
+    run in a process that compiled before (a notebook, a test session) reports its own."""
 
     @property
     def xla(self) -> bool:
@@ -125,15 +128,23 @@ class Backend:
             torch.manual_seed(seed)
 
     def stats(self) -> CompileStats:
+        """XLA compilations and host fallbacks since this backend was made."""
         if not self.xla:
             return CompileStats(0, {})
-        import torch_xla.debug.metrics as met
+        now, base = _xla_counts(), self.baseline.fallbacks
+        return CompileStats(now.compilations - self.baseline.compilations,
+                            {k: n - base.get(k, 0) for k, n in now.fallbacks.items() if n > base.get(k, 0)})
 
-        data = met.metric_data("CompileTime")
-        return CompileStats(
-            compilations=int(data[0]) if data else 0,
-            fallbacks={n: int(met.counter_value(n)) for n in met.counter_names() if n.startswith("aten::")},
-        )
+
+def _xla_counts() -> CompileStats:
+    """The process-wide counters of `torch_xla.debug.metrics`."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return CompileStats(
+        compilations=int(data[0]) if data else 0,
+        fallbacks={n: int(met.counter_value(n)) for n in met.counter_names() if n.startswith("aten::")},
+    )
 
 
 def make_backend(name: str, device: str | torch.device | None = None, mesh: SpmdMesh | None = None) -> Backend:
@@ -147,7 +158,7 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
         select_pjrt_device()
         import torch_xla
 
-        return Backend(name, torch.device(device) if device else torch_xla.device(), mesh)
+        return Backend(name, torch.device(device) if device else torch_xla.device(), mesh, _xla_counts())
     if mesh is not None:
         raise ValueError(f"an SPMD mesh needs an XLA backend, not {name!r}")
     if device is None:
