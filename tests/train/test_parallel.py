@@ -168,15 +168,16 @@ def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend):
 
 
 def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(shards, tmp_path):
+    """Two gloo ranks on the CPU with the inductor backend (the GPU recipe's), accumulating 2 micro-batches."""
     torchrun = Path(sys.executable).parent / "torchrun"
     b2t_train = Path(sys.executable).parent / "b2t-train"
     run = tmp_path / "run"
     result = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", str(b2t_train), str(shards), str(run),
-         "--config", str(probe.TINY), "--backend", "eager", "--no-progress",
-         "--set", "train.steps=4", "--set", "train.log_every=2", "--set", "train.val_every=4",
-         "--set", "train.checkpoint_every=4", "--set", "train.shuffle_buffer=1"],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+         "--config", str(probe.TINY), "--backend", "inductor", "--no-progress",
+         "--set", "train.steps=4", "--set", "train.grad_accum=2", "--set", "train.log_every=2",
+         "--set", "train.val_every=4", "--set", "train.checkpoint_every=4", "--set", "train.shuffle_buffer=1"],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     logs = [[json.loads(line) for line in (run / name).read_text().splitlines()]
             for name in ("metrics.jsonl", "metrics.rank1.jsonl")]
