@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from b2t.config import Config, ConfigError, load_config
-from b2t.train.backend import BACKENDS
+from b2t.train.backend import BACKENDS, XLA_BACKENDS
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -95,7 +95,7 @@ def _plan_text(dataset: Path, cfg: Config, n_devices: int | None, device_memory:
     from b2t.train.plan import format_plan, parse_bytes, plan_memory
 
     manifest = Manifest.load(dataset)
-    xla = cfg.train.backend in ("openxla", "xla")
+    xla = cfg.train.backend in XLA_BACKENDS
     count = n_devices if n_devices not in (None, -1) else (_device_count(xla) if n_devices == -1 else 1)
     memory = parse_bytes(device_memory) if device_memory is not None else None
     plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count,

@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
+from b2t.atomic import atomic_write_text
 from b2t.cli import config_option, fail, set_option
 from b2t.config import ConfigError, load_config
-from b2t.atomic import atomic_write_text
 from b2t.data.manifest import SPLITS, Manifest
 from b2t.evaluate import (
     EvalSummary,
@@ -33,7 +33,7 @@ from b2t.evaluate import (
     submission_rows,
     summarize,
 )
-from b2t.train.backend import BACKENDS
+from b2t.train.backend import BACKENDS, XLA_BACKENDS
 from b2t.words.beam import BeamOptions
 from b2t.words.lexicon import LexiconError
 
@@ -65,7 +65,7 @@ def print_summary(summary: EvalSummary, split: str, compilations: dict[str, Any]
     if summary.wer is not None:
         click.echo(f"WER on {split}:")
         click.echo(summary.wer.table("WER"))
-    if backend in ("openxla", "xla"):
+    if backend in XLA_BACKENDS:
         fallbacks = json.dumps(compilations["fallbacks"]) if compilations["fallbacks"] else "none"
         click.echo(f"XLA compilations: {compilations['warm_up']} warming {n_buckets} buckets, "
                    f"{compilations['during_split']} during the split; host fallbacks: {fallbacks}")

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from b2t.train.parallel import SpmdMesh
 
 BACKENDS = ("openxla", "xla", "inductor", "eager")
+XLA_BACKENDS = ("openxla", "xla")
+"""The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,11 @@ class Backend:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
         if self.name in ("eager", "xla"):
             return fn
-        backend = "openxla" if self.name == "openxla" else "inductor"
-        if self.name == "openxla" and self.mesh is not None:
+        if self.name == "inductor":
+            backend: str | Callable = "inductor"
+        elif self.mesh is None:
+            backend = "openxla"
+        else:
             from b2t.train.parallel import spmd_openxla
 
             backend = spmd_openxla()
@@ -154,7 +159,7 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
-    if name in ("openxla", "xla"):
+    if name in XLA_BACKENDS:
         select_pjrt_device()
         import torch_xla
 

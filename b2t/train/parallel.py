@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from b2t.contract import BucketShape
-from b2t.train.backend import select_pjrt_device
+from b2t.train.backend import XLA_BACKENDS, select_pjrt_device
 
 if TYPE_CHECKING:
     from torch import nn
@@ -155,7 +155,6 @@ class SpmdMesh:
                 out[k] = t if sharding_spec(t) else xs.mark_sharding(t, self.mesh, self.spec(t)).global_tensor
         return out
 
-
     def replicate(self, t: torch.Tensor) -> torch.Tensor:
         """`t` annotated to be whole on every device (XLA all-gathers it inside the graph)."""
         import torch_xla.distributed.spmd as xs
@@ -253,7 +252,7 @@ def make_layout(backend: str, requested: int | None) -> tuple[Layout, SpmdMesh |
     Returns the layout, the SPMD mesh (XLA data-parallel only) and the device DDP pinned
     (torchrun only). Refuses the combinations that cannot run, saying what to use instead.
     """
-    xla = backend in ("openxla", "xla")
+    xla = backend in XLA_BACKENDS
     run = torchrun_rank_world()
     if xla:
         if run is not None and run[1] > 1:
