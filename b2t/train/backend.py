@@ -43,6 +43,12 @@ class CompileStats:
     def to_dict(self) -> dict:
         return {"compilations": self.compilations, "fallbacks": self.fallbacks}
 
+    def since(self, earlier: CompileStats) -> CompileStats:
+        """What happened between `earlier` and these counts (fallbacks that did not grow left out)."""
+        base = earlier.fallbacks
+        return CompileStats(self.compilations - earlier.compilations,
+                            {k: n - base.get(k, 0) for k, n in self.fallbacks.items() if n > base.get(k, 0)})
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -136,9 +142,7 @@ class Backend:
         """XLA compilations and host fallbacks since this backend was made."""
         if not self.xla:
             return CompileStats(0, {})
-        now, base = _xla_counts(), self.baseline.fallbacks
-        return CompileStats(now.compilations - self.baseline.compilations,
-                            {k: n - base.get(k, 0) for k, n in now.fallbacks.items() if n > base.get(k, 0)})
+        return _xla_counts().since(self.baseline)
 
 
 def _xla_counts() -> CompileStats:

@@ -52,22 +52,22 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     stepper = Stepper(model, optimizer, backend, cfg)
     backend.sync()  # the zero gradients and moments Stepper makes become device data, as after a warm-up
     batches = probe_batches(shards, manifest)
-    start, host_ops = backend.stats().compilations, backend.stats().fallbacks
+    start = backend.stats()
     steps = []
     for step, batch in enumerate(batches):
         loss, norm = stepper.train_step([batch], step + 1)  # seed and lr of step 0 are graph constants
         steps.append({"bucket": batch.bucket, "loss": float(loss.cpu()), "grad_norm": float(norm.cpu()),
-                      "compilations": backend.stats().compilations - start})
-    trained = backend.stats().compilations - start
+                      "compilations": backend.stats().since(start).compilations})
+    trained = backend.stats().since(start).compilations
     nll, _, _ = stepper.eval_step(batches[-1].to(backend.device))  # device tensors, as the evaluator hands them
-    fallbacks = {k: n - host_ops.get(k, 0) for k, n in backend.stats().fallbacks.items() if n > host_ops.get(k, 0)}
+    fallbacks = backend.stats().since(start).fallbacks
     placed = backend.place(batches[0].tensors)
     save_checkpoint(out_dir / "final.safetensors", model, optimizer, TrainState(step=len(batches)))
     return {
         "steps": steps,
         "eval_nll": nll.cpu().tolist(),
         "train_compilations": trained,
-        "eval_compilations": backend.stats().compilations - start - trained,
+        "eval_compilations": backend.stats().since(start).compilations - trained,
         "batch_sharding": {k: sharding_spec(v) for k, v in placed.items()},
         "weight_sharding": sharding_spec(model.gru.weight_ih_l0),
         "fallbacks": fallbacks,  # ops run on the host during the steps and the eval
