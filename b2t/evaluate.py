@@ -32,7 +32,7 @@ from b2t.metrics import ErrorRate, edit_distance, greedy_decode, words_of
 from b2t.model.decoder import GRUDecoder
 from b2t.phonemes import phoneme_string
 from b2t.train.backend import CompileStats, make_backend
-from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint
+from b2t.train.checkpoint import load_checkpoint, read_state
 from b2t.train.step import Stepper
 from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon, normalize_text
@@ -247,8 +247,7 @@ class Evaluator:
     def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None) -> None:
         """backend: how to compile (default: the one the checkpoint was trained with)."""
         self.path = Path(checkpoint)
-        _, meta = read_checkpoint(self.path)
-        self.state = TrainState(**meta["state"])
+        self.state = read_state(self.path)  # the header alone; load_checkpoint below reads the tensors
         if not self.state.config or not self.state.sessions:
             raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
         self.cfg: Config = config_from_dict(self.state.config)
