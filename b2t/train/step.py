@@ -158,22 +158,21 @@ class Stepper:
         self._loss_total = _device_zero(self.backend)
         return total
 
-    @torch.no_grad()
     def eval_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
-        self.model.eval()
-        out = self.backend.gathered(self._eval_fn(**self._inputs(batch, train=False)))
-        self.backend.sync()
-        return out
+        return self._evaluate(self._eval_fn, batch)
 
-    @torch.no_grad()
     def log_probs_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`eval_step` that also returns the (B, P, C) f32 log-probabilities (for word decoding).
 
         Its own compiled graph per bucket: evaluation runs either this or `eval_step`, so the
         (B, P, C) transfer is paid only when words are decoded.
         """
+        return self._evaluate(self._log_probs_fn, batch)
+
+    @torch.no_grad()
+    def _evaluate(self, fn: Callable, batch: Batch) -> tuple[Tensor, ...]:
         self.model.eval()
-        out = self.backend.gathered(self._log_probs_fn(**self._inputs(batch, train=False)))
+        out = self.backend.gathered(fn(**self._inputs(batch, train=False)))
         self.backend.sync()
         return out
 
