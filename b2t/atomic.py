@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+_TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether `name` is an `atomic_file` temp file (one a killed writer may leave behind)."""
+    return name.startswith(_TEMP_PREFIX) and name.endswith(_TEMP_SUFFIX)
+
+
 def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -30,7 +38,7 @@ def atomic_file(path: Path, *, buffering: int = -1) -> Iterator[BinaryIO]:
     on read (tools/bench_data.py).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb", buffering=buffering) as f:
             yield f

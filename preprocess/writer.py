@@ -35,7 +35,7 @@ from webdataset import TarWriter
 
 from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, check_batch, empty_batch
-from b2t.atomic import atomic_file, atomic_write_text
+from b2t.atomic import atomic_file, atomic_write_text, is_temp_name
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
 from preprocess.batching import BatchPlan, Layout, plan_layout
@@ -270,11 +270,7 @@ def _read_state(out: Path) -> dict[str, Any] | None:
 
 
 def _is_ours(name: str) -> bool:
-    return bool(SHARD_NAME.fullmatch(name)) or name in (MANIFEST_NAME, STATE_NAME, LOCK_NAME) or _is_temp(name)
-
-
-def _is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(".tmp")
+    return bool(SHARD_NAME.fullmatch(name)) or name in (MANIFEST_NAME, STATE_NAME, LOCK_NAME) or is_temp_name(name)
 
 
 def clear_output(out: Path) -> None:
@@ -288,7 +284,7 @@ def clear_output(out: Path) -> None:
 def check_output(out: Path, config: Config, splits: Sequence[str], *, overwrite: bool) -> None:
     """Refuse (before any slow work) an OUT that holds another run's data, unless overwriting."""
     state = _read_state(out)
-    foreign = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and not _is_temp(p.name))
+    foreign = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME and not is_temp_name(p.name))
     if state is None and foreign and not overwrite:
         raise OutputDirError(f"{out} is not empty and holds no b2t-preprocess run ({', '.join(foreign[:3])}, ...): "
                              "choose an empty directory, or pass --overwrite to replace b2t files there")
@@ -368,7 +364,7 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
             clear_output(out)
             state = None
         for p in out.iterdir():
-            if _is_temp(p.name):  # left by a run that was killed mid-write
+            if is_temp_name(p.name):  # left by a run that was killed mid-write
                 p.unlink()
         done = _finished_shards(out, state, identity, tasks, executor)
         scan_seconds = time.perf_counter() - t0
