@@ -114,12 +114,16 @@ def _stepper(name: str, manifest: Manifest) -> tuple[Stepper, torch.device]:
     return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
 
+def _reference(manifest: Manifest) -> tuple[ReferenceDecoder, torch.optim.Optimizer, torch.device]:
+    device = torch_xla.device()
+    ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
+    return ref, torch.optim.AdamW(ref.parameters(), lr=1e-3), device
+
+
 def first_step_seconds(pipeline: str, manifest: Manifest, lengths: list[int], B: int) -> list[float]:
     """Seconds of the first step at each new T (trace + compile + run), in a fresh process."""
     if pipeline == "reference":
-        device = torch_xla.device()
-        ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
-        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        ref, opt, device = _reference(manifest)
         return [timed(lambda: reference_step(ref, opt, synthetic_batch(T, B, len(manifest.sessions), i), device))
                 for i, T in enumerate(lengths)]
     stepper, device = _stepper(pipeline, manifest)
@@ -143,9 +147,7 @@ def compile_count(pipeline: str, shards: Path, manifest: Manifest, steps: int) -
     """(distinct batch shapes, XLA compilations) over `steps` training steps, in a fresh process."""
     start, shapes = compilations(), set()
     if pipeline == "reference":
-        device = torch_xla.device()
-        ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
-        opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        ref, opt, device = _reference(manifest)
         for _, batch in zip(range(steps), dynamic_padding_batches(shards, manifest)):
             shapes.add(tuple(batch["features"].shape))
             reference_step(ref, opt, batch, device)

@@ -38,19 +38,18 @@ DEFAULT_HEADROOM = 0.1
 """Share of device memory left to the runtime, fragmentation and XLA's own scratch."""
 
 
-def count_parameters(n_days: int, cfg: ModelConfig) -> int:
-    """Trainable parameters of `GRUDecoder(n_days, cfg)`, by formula."""
-    F, H = FEATURE_DIM, cfg.n_units
-    day = n_days * (F * F + F)
-    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H + 2 * 3 * H for k in range(cfg.n_layers))
-    return day + gru + H + N_CLASSES * H + N_CLASSES
-
-
 def matmul_weights(cfg: ModelConfig) -> int:
     """Parameters autocast copies to bf16 each step (GRU and output weight matrices)."""
     F, H = FEATURE_DIM, cfg.n_units
     gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H for k in range(cfg.n_layers))
     return gru + N_CLASSES * H
+
+
+def count_parameters(n_days: int, cfg: ModelConfig) -> int:
+    """Trainable parameters of `GRUDecoder(n_days, cfg)`, by formula: the matmul weights plus
+    the day layers (F x F + F each), the GRU biases (2 x 3H per layer), h0 (H) and the output bias."""
+    F, H = FEATURE_DIM, cfg.n_units
+    return matmul_weights(cfg) + n_days * (F * F + F) + cfg.n_layers * 2 * 3 * H + H + N_CLASSES
 
 
 def activation_bytes(rows: int, T: int, L: int, cfg: ModelConfig) -> dict[str, int]:
