@@ -1,11 +1,13 @@
 """Compile behaviour of b2t's step against a dynamically padded port of the public baseline.
 
-Prints three tables (XLA CPU device unless PJRT_DEVICE says otherwise):
-  1. first-step seconds (trace + compile + run) at T = 256, 512, 1024, 2048 for b2t's step
+Prints four tables (XLA CPU device unless PJRT_DEVICE says otherwise):
+  1. XLA compilations per bucket of the trainer's warm-up (train and eval graphs of every
+     bucket), and how many more the next 50 training steps and an evaluation pass add;
+  2. first-step seconds (trace + compile + run) at T = 256, 512, 1024, 2048 for b2t's step
      and for the reference step, each at a shape it has not seen;
-  2. XLA compilations over 50 training steps: b2t on its bucketed shards vs the reference
+  3. XLA compilations over 50 training steps: b2t on its bucketed shards vs the reference
      padding every batch to its own longest trial (the baseline's loader);
-  3. steady-state steps/s of the tiny config: openxla vs xla (lazy) vs eager.
+  4. steady-state steps/s of the tiny config: openxla, xla (lazy), inductor and eager (CPU).
 Both steps run the same tiny model sizes; the reference is the baseline's structure as a
 naive port keeps it: per-day parameters picked with `.item()`, `Tensor.unfold` patching,
 `nn.GRU` (torch_xla's scan GRU) and `F.ctc_loss` (no XLA lowering: runs on the host).
@@ -36,8 +38,8 @@ from b2t.config import Config, load_config
 from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
-from b2t.train.backend import make_backend
-from b2t.train.loop import build_model
+from b2t.train.backend import XLA_BACKENDS, make_backend
+from b2t.train.loop import build_model, warm_up
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 from preprocess.synth import SynthSpec, write_dataset
@@ -159,6 +161,22 @@ def compile_count(pipeline: str, shards: Path, manifest: Manifest, steps: int) -
     return len(shapes), compilations() - start
 
 
+def warm_up_counts(pipeline: str, shards: Path, manifest: Manifest, steps: int) -> tuple[int, int]:
+    """(compilations of the trainer's warm-up, compilations in `steps` training steps and one
+    evaluation pass after it), in a fresh process."""
+    stepper, device = _stepper(pipeline, manifest)
+    start = compilations()
+    warm_up(stepper, manifest, tqdm(disable=True))
+    warm = compilations()
+    batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
+    for i, batch in enumerate(batches):
+        stepper.train_step([batch], i + 1)
+    for batch in batches[: len(manifest.buckets) * 2]:
+        stepper.eval_step(batch)
+    stepper.backend.wait()
+    return warm - start, compilations() - warm
+
+
 def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) -> float:
     """Median steady-state steps/s over the same batches, after each shape was seen once."""
     stepper, device = _stepper(name, manifest)
@@ -179,6 +197,8 @@ def run_part(part: str, root: Path, args: argparse.Namespace) -> object:
         return list(zip(lengths, first_step_seconds(pipeline, manifest, lengths, B=4)))
     if kind == "count":
         return compile_count(pipeline, root / "shards", manifest, args.steps)
+    if kind == "warm":
+        return warm_up_counts(pipeline, root / "shards", manifest, args.steps)
     return steps_per_second(pipeline, root / "shards", manifest, 12)
 
 
@@ -208,6 +228,13 @@ def main() -> None:
     print(f"# b2t compile benchmark, XLA {os.environ.get('PJRT_DEVICE', 'CPU')} device, "
           f"tiny config, {len(manifest.buckets)} buckets")
 
+    n_buckets = len(manifest.buckets)
+    print("\n## XLA compilations per bucket: the trainer's warm-up (train + eval graphs), then after it")
+    print(f"| backend | warm-up, per bucket | {args.steps} training steps + eval after the warm-up |\n|---|---|---|")
+    for name in tqdm(XLA_BACKENDS, desc="warm-up counts"):
+        warm, after = in_subprocess(f"warm:{name}", root, args)
+        print(f"| {name} | {warm / n_buckets:.1f} ({warm} for {n_buckets} buckets) | {after} |")
+
     pipelines = ("openxla", "xla", "reference")
     first = {p: in_subprocess(f"first:{p}", root, args) for p in tqdm(pipelines, desc="first steps")}
     print("\n## first step at a new T (s): trace + compile + run, B=4")
@@ -224,7 +251,7 @@ def main() -> None:
 
     print("\n## steady-state steps/s, tiny config (median over the same 12 batches)")
     print("| backend | steps/s |\n|---|---|")
-    for name in ("openxla", "xla", "eager"):
+    for name in (*XLA_BACKENDS, "inductor", "eager"):
         print(f"| {name} | {in_subprocess(f'speed:{name}', root, args):.2f} |")
 
 
