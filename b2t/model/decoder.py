@@ -9,8 +9,12 @@ that keep the step on the device and its shape fixed:
 - patching is built from reshapes and contiguous slices instead of `Tensor.unfold`, which
   XLA runs on the host; the element order is the baseline's, so its checkpoints give the
   same logits (`from_reference_state_dict` converts them);
-- on XLA the GRU runs as one while-loop per layer (`recurrence.scan_gru`), so compile
+- on XLA the GRU runs as one while-loop per layer (`recurrence.scan_stack`), so compile
   time does not grow with T; elsewhere torch's own GRU kernel runs the same parameters.
+  Under `torch.compile` the stack is one custom op (`gru_op`): the whole forward is one
+  graph, with no break;
+- dropout masks are inputs (`input_keep`, `rnn_keep`) a caller may draw outside a compiled
+  region: a random op inside a compiled graph can draw the same numbers every call.
 
 Checkpoint keys are the baseline's (`gru.*`, `h0`, `out.*`) except the day layers, which
 are `day_weights` (n_days, F, F) and `day_biases` (n_days, 1, F) instead of one key per day.
@@ -33,7 +37,8 @@ from torch import nn
 
 from b2t.config import ModelConfig
 from b2t.contract import FEATURE_DIM, N_CLASSES, PARAM_DTYPE
-from b2t.model.recurrence import make_gru, scan_gru
+from b2t.model.gru_op import gru_stack
+from b2t.model.recurrence import gru_weights, make_gru
 
 _CPU = torch.device("cpu")
 
@@ -41,7 +46,8 @@ _CPU = torch.device("cpu")
 class GRUDecoder(nn.Module):
     """Day layer -> patching -> stacked GRU with a learnable initial state -> linear to C classes.
 
-    `xla` picks how the GRU runs (see `recurrence`); the parameters, and so the
+    `xla` says which device the model runs on (checked, so a misplaced batch fails clearly);
+    the GRU's kernel follows the device (see `gru_op`); the parameters, and so the
     checkpoints, are the same either way. Parameters are made on the CPU in f32: one seed
     gives the same weights on every backend; move the model with `.to(device)`.
     """
@@ -65,7 +71,7 @@ class GRUDecoder(nn.Module):
         nn.init.xavier_uniform_(self.out.weight)
 
     def forward(self, features: torch.Tensor, day_indices: torch.Tensor,
-                input_keep: torch.Tensor | None = None) -> torch.Tensor:
+                input_keep: torch.Tensor | None = None, rnn_keep: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, P, C) for features (B, T, F) of any float dtype and int32 day ids (B,).
 
         `input_keep` (B, T, F): a ready-made input-dropout mask (0 or 1/(1-p)) used instead of
@@ -91,18 +97,19 @@ class GRUDecoder(nn.Module):
         x = self.input_dropout(x) if input_keep is None else x * input_keep
         x = patches(x, self.cfg.patch_size, self.cfg.patch_stride)  # (B, P, size*F)
         h0 = self.h0.expand(self.cfg.n_layers, x.shape[0], -1).contiguous()  # (n_layers, B, H)
-        y = self.recurrence(x, h0)  # (B, P, H)
+        shape = self.rnn_keep_shape(x.shape[0], x.shape[1])
+        if rnn_keep is None and shape is not None:
+            p = self.gru.dropout
+            rnn_keep = (torch.rand(shape, dtype=PARAM_DTYPE, device=x.device) >= p).to(PARAM_DTYPE) / (1.0 - p)
+        y = gru_stack(x, h0, gru_weights(self.gru), rnn_keep)  # (B, P, H)
         return self.out(y)  # (B, P, C)
 
-    @torch.compiler.disable(reason="the GRU island: dynamo cannot trace torch_xla's scan nor RNN modules")
-    def recurrence(self, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
-        """The model's one graph break: the GRU, (B, P, size*F) and (n_layers, B, H) -> (B, P, H).
-
-        Dynamo compiles the dense layers on either side; under whole-step lazy tracing
-        (`torch_xla.compile`) the wrapper changes nothing. A method of the decoder, not a
-        function taking the GRU, because dynamo refuses to even pass an RNN module along.
-        """
-        return scan_gru(self.gru, x, h0) if self.xla else self.gru(x, h0)[0]
+    def rnn_keep_shape(self, n_rows: int, n_patches: int) -> tuple[int, ...] | None:
+        """Shape of the dropout masks between GRU layers, (n_layers-1, B, P, H); None in eval
+        mode or without that dropout."""
+        if not self.training or self.gru.dropout == 0 or self.cfg.n_layers < 2:
+            return None
+        return (self.cfg.n_layers - 1, n_rows, n_patches, self.cfg.n_units)
 
     def output_lengths(self, n_time_steps: torch.Tensor) -> torch.Tensor:
         """Patches holding real data per row (int32, 0 below one patch), from true lengths (B,).

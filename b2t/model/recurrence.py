@@ -1,13 +1,18 @@
-"""The stacked GRU: one set of parameters, two ways to run it, and the one graph break.
+"""The stacked GRU's math: one set of parameters, two ways to run it.
 
 The parameters always live in torch's own GRU module (taken from `torch.nn.modules.rnn`
 because `import torch_xla` rebinds `torch.nn.GRU` process-wide to a class that rejects
-CPU and CUDA tensors), so checkpoints are the same whichever backend wrote them:
+CPU and CUDA tensors), so checkpoints are the same whichever backend wrote them. Given
+its weights (`gru_weights`), the stack runs as
 
-- eager and inductor (CPU, CUDA) call that module: the ATen or cuDNN kernel;
-- XLA calls `scan_gru`, the same equations with each layer's time loop lowered to one XLA
+- `native_stack` (CPU, CUDA): torch's GRU kernel (ATen or cuDNN), one layer per call;
+- `scan_stack` (XLA): the same equations with each layer's time loop lowered to one XLA
   while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
   (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
+
+Dropout between layers is an explicit mask drawn by the caller (`keep`), never drawn
+here: inside a compiled graph a random op draws the same numbers at every call.
+`b2t.model.gru_op` wraps both as one custom op, so dynamo sees a single node.
 
 Why not torch_xla's own scan GRU (`torch_xla.experimental.gru`): its traced step is cached
 by input shapes and dtypes but not by the autocast state, so after one call without
@@ -17,12 +22,6 @@ silently computes in bf16. It also multiplies the 7168-wide input by `weight_ih`
 the loop, one row block per step. Here the input projection is one matmul over all steps
 outside the loop, and the loop body runs with autocast off and explicit dtypes, so its
 trace depends only on what the cache key holds.
-
-The graph break: the decoder runs the recurrence as one explicit island
-(`GRUDecoder.recurrence`, under `torch.compiler.disable`) on every backend. On XLA because
-dynamo with the openxla backend cannot trace `scan` in torch 2.9 / torch_xla 2.9;
-elsewhere because dynamo refuses RNN modules anyway (unless the global
-`torch._dynamo.config.allow_rnn` is set) and the cuDNN kernel is what should run.
 
 Shape legend: B batch rows, P time steps (patches), D input width, H hidden units,
 L layers.
@@ -64,28 +63,58 @@ def make_gru(input_size: int, cfg: ModelConfig) -> TorchGRU:
     return gru
 
 
-def scan_gru(gru: TorchGRU, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
-    """What `gru(x, h0)[0]` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
+def gru_weights(gru: TorchGRU) -> list[torch.Tensor]:
+    """The module's parameters in torch's flat order: weight_ih, weight_hh, bias_ih, bias_hh per layer."""
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return [getattr(gru, f"{name}_l{layer}") for layer in range(gru.num_layers) for name in names]
 
-    Matmuls run in the autocast dtype when autocast is on (else in the input's dtype);
-    the hidden state stays in h0's dtype (f32) so rounding does not pile up over the steps.
-    `h0` is (L, B, H). Dropout `gru.dropout` acts between layers in training mode.
+
+def _layers(weights: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    if len(weights) % 4:
+        raise ValueError(f"expected 4 GRU tensors per layer, got {len(weights)}")
+    return [weights[i : i + 4] for i in range(0, len(weights), 4)]
+
+
+def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                 keep: torch.Tensor | None) -> torch.Tensor:
+    """Torch's GRU kernel, layer by layer: (B, P, D), (L, B, H) -> (B, P, H) in h0's dtype.
+
+    Runs under autocast to x's dtype when that is below h0's (what the trainer's bf16
+    autocast does around the model; on the CPU autocast keeps the GRU in f32, on CUDA
+    cuDNN computes in bf16). `keep` (L-1, B, P, H): dropout masks between layers, or None.
+    """
+    low = x.dtype != h0.dtype
+    y = x
+    with torch.autocast(x.device.type, dtype=x.dtype if low else torch.get_autocast_dtype(x.device.type),
+                        enabled=low):
+        for layer, params in enumerate(_layers(weights)):
+            if layer and keep is not None:
+                y = y * keep[layer - 1].to(y.dtype)
+            y, _ = torch._VF.gru(y, h0[layer : layer + 1], params, True, 1, 0.0, False, False, True)
+    return y.to(h0.dtype)
+
+
+def scan_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+               keep: torch.Tensor | None) -> torch.Tensor:
+    """What `native_stack` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
+
+    Matmuls run in x's dtype; the hidden state stays in h0's dtype (f32) so rounding does
+    not pile up over the steps. Autocast is off inside, so the result depends on the
+    dtypes alone. Differentiable: scan builds its backward (a reverse while-loop).
     """
     from torch_xla.experimental.scan import scan
 
-    device_type = x.device.type
-    compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    compute = x.dtype
     y = x.transpose(0, 1)  # (P, B, D): scan walks the leading dim
-    for layer in range(gru.num_layers):
-        w_ih = getattr(gru, f"weight_ih_l{layer}").to(compute)
-        gates_x = F.linear(y.to(compute), w_ih)  # (P, B, 3H): all steps in one matmul
-        # The carry holds the f32 parameters: the scan sums their gradients over all steps in
-        # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
-        params = {name: getattr(gru, f"{name}_l{layer}") for name in ("weight_hh", "bias_ih", "bias_hh")}
-        with torch.autocast(device_type, enabled=False):
-            _, y = scan(_gru_step, {"h": h0[layer], **params}, gates_x, is_fn_pure=True)  # (P, B, H)
-        if layer < gru.num_layers - 1:
-            y = F.dropout(y, gru.dropout, gru.training)
+    with torch.autocast(x.device.type, enabled=False):
+        for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(_layers(weights)):
+            if layer and keep is not None:
+                y = y * keep[layer - 1].transpose(0, 1).to(y.dtype)
+            gates_x = F.linear(y.to(compute), w_ih.to(compute))  # (P, B, 3H): all steps in one matmul
+            # The carry holds the f32 parameters: the scan sums their gradients over all steps in
+            # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
+            carry = {"h": h0[layer], "weight_hh": w_hh, "bias_ih": b_ih, "bias_hh": b_hh}
+            _, y = scan(_gru_step, carry, gates_x, is_fn_pure=True)  # (P, B, H)
     return y.transpose(0, 1)  # (B, P, H)
 
 

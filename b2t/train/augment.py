@@ -3,8 +3,9 @@
 The reference recipe (white noise, a constant offset per trial and channel, a random cut
 of 0..max_start_cut bins from the start, Gaussian smoothing along time) changes T when it
 cuts. Here the cut is a shift left within the fixed T with each row's length reduced, so
-the graph sees one shape per bucket. All randomness comes from torch's RNG on the
-features' device (on XLA the device RNG), so nothing is read back to the host.
+the graph sees one shape per bucket. All randomness comes from a `CounterRng` (hashes of a
+per-step seed tensor), so augmentation runs inside the compiled step on every backend,
+draws new numbers every step, and nothing is read back to the host.
 
 Padding stays padding: bins at and beyond each row's (new) length are zero on return,
 both before smoothing (valid bins near the end are smoothed against zeros, in training as
@@ -14,11 +15,14 @@ Shape legend: B rows, T time bins, F features, K kernel taps.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from b2t.config import AugmentConfig
+from b2t.train.counter_rng import CounterRng, Stream
 
 _TRUNCATE_STDS = 4.0
 """Support of the kernel before thresholding, in stds (as scipy's gaussian_filter1d)."""
@@ -26,22 +30,23 @@ _MIN_TAP = 0.01
 """Taps of the normalised kernel at or below this are dropped (the reference's rule)."""
 
 
-def gaussian_kernel(std: float) -> Tensor:
+def gaussian_kernel(std: float, device: torch.device | str = "cpu") -> Tensor:
     """The reference's smoothing kernel: (K,) float32, odd K, centred, summing to 1.
 
     A Gaussian sampled at integer offsets |x| <= round(4 std), normalised; taps not above
-    0.01 dropped; normalised again. For std 2 that leaves the 9 taps at |x| <= 4.
+    0.01 dropped; normalised again. For std 2 that leaves the 9 taps at |x| <= 4. Computed
+    in Python floats (float64) and made on `device` directly, so inside a compiled step it
+    is a constant of the device graph, not a CPU tensor the graph would have to fetch.
     """
     if std <= 0:
         raise ValueError(f"smoothing std must be > 0, got {std} (augment.smooth_std = 0 turns smoothing off)")
     radius = int(_TRUNCATE_STDS * std + 0.5)
-    x = torch.arange(-radius, radius + 1, dtype=torch.float64, device="cpu")
-    w = torch.exp(-0.5 * (x / std) ** 2)
-    w = w / w.sum()
-    w = w[w > _MIN_TAP]  # the Gaussian is unimodal, so the kept taps stay contiguous and centred
-    if w.numel() == 0:
+    w = [math.exp(-0.5 * (x / std) ** 2) for x in range(-radius, radius + 1)]
+    w = [v / sum(w) for v in w]
+    w = [v for v in w if v > _MIN_TAP]  # the Gaussian is unimodal, so the kept taps stay contiguous and centred
+    if not w:
         raise ValueError(f"smoothing std {std} is too wide: every kernel tap is below {_MIN_TAP}")
-    return (w / w.sum()).to(torch.float32)
+    return torch.tensor([v / sum(w) for v in w], dtype=torch.float32, device=device)
 
 
 def smooth(features: Tensor, kernel: Tensor) -> Tensor:
@@ -84,31 +89,33 @@ def shift_start(features: Tensor, n_time_steps: Tensor, cut: Tensor) -> tuple[Te
     return _zero_beyond(shifted, n_new), n_new
 
 
-def augment(features: Tensor, n_time_steps: Tensor, cfg: AugmentConfig, *, train: bool) -> tuple[Tensor, Tensor]:
+def augment(features: Tensor, n_time_steps: Tensor, cfg: AugmentConfig, *, train: bool,
+            rng: CounterRng | None = None) -> tuple[Tensor, Tensor]:
     """The reference augmentations on a fixed-shape batch: (B, T, F) features, (B,) lengths.
 
     Training: white noise per bin and channel, an offset per row and channel, a start cut
     drawn uniformly from 0..max_start_cut per row, then smoothing. Evaluation: smoothing
     only, which is deterministic. Returns features in the input dtype (computed in float32)
-    and the new lengths in the dtype of `n_time_steps`.
+    and the new lengths in the dtype of `n_time_steps`. `rng`: the draws (training only).
     """
     B, T, n_feat = features.shape
     if tuple(n_time_steps.shape) != (B,):
         raise ValueError(f"n_time_steps has shape {tuple(n_time_steps.shape)}, "
                          f"expected ({B},) for features {tuple(features.shape)}")
-    device = features.device
+    if train and rng is None:
+        raise ValueError("training augmentation needs an rng (a CounterRng of the step's seed)")
     x = features.to(torch.float32)
     n = n_time_steps
     if train:
         if cfg.white_noise_std > 0:
-            x = x + cfg.white_noise_std * torch.randn((B, T, n_feat), dtype=torch.float32, device=device)
+            x = x + cfg.white_noise_std * rng.normal(Stream.NOISE, (B, T, n_feat))
         if cfg.constant_offset_std > 0:
-            x = x + cfg.constant_offset_std * torch.randn((B, 1, n_feat), dtype=torch.float32, device=device)
+            x = x + cfg.constant_offset_std * rng.normal(Stream.OFFSET, (B, 1, n_feat))
     if train and cfg.max_start_cut > 0:
-        cut = torch.randint(0, cfg.max_start_cut + 1, (B,), dtype=n.dtype, device=device)
+        cut = rng.integers(Stream.CUT, cfg.max_start_cut + 1, (B,)).to(n.dtype)
         x, n = shift_start(x, n, cut)
     else:
         x = _zero_beyond(x, n)  # noise must not fill the padding
     if cfg.smooth_std > 0:
-        x = _zero_beyond(smooth(x, gaussian_kernel(cfg.smooth_std)), n)
+        x = _zero_beyond(smooth(x, gaussian_kernel(cfg.smooth_std, x.device)), n)
     return x.to(features.dtype), n

@@ -11,7 +11,7 @@
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how batches get onto it (sharded over
 an SPMD mesh when there is one, see `parallel`), how to compile, how to wait for the
-device, how to seed its RNG, and (on XLA) how many compilations and host fallbacks the
+device, and (on XLA) how many compilations and host fallbacks the
 run has caused so far, read from `torch_xla.debug.metrics`.
 """
 
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from b2t.contract import COMPUTE_DTYPE
+from b2t.private_api import scalars_as_device_data
 
 if TYPE_CHECKING:
     from b2t.train.parallel import SpmdMesh
@@ -129,15 +130,6 @@ class Backend:
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def seed(self, seed: int) -> None:
-        """Seed the device RNG (noise, dropout): reseeding per step makes resumes exact."""
-        if self.xla:
-            import torch_xla.core.xla_model as xm
-
-            xm.set_rng_state(seed, device=str(self.device))
-        else:
-            torch.manual_seed(seed)
-
     def stats(self) -> CompileStats:
         """XLA compilations and host fallbacks since this backend was made."""
         if not self.xla:
@@ -167,6 +159,7 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
         select_pjrt_device()
         import torch_xla
 
+        scalars_as_device_data()  # else AdamW's zero step counters add graphs (see private_api)
         return Backend(name, torch.device(device) if device else torch_xla.device(), mesh, _xla_counts())
     if mesh is not None:
         raise ValueError(f"an SPMD mesh needs an XLA backend, not {name!r}")

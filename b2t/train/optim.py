@@ -71,7 +71,7 @@ def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     (device,) = devices
     groups = param_groups(model, cfg)
     for g in groups:
-        g["lr"] = torch.zeros((1,), dtype=torch.float32, device=device)
+        g["lr"] = torch.zeros((1,), dtype=torch.float32, device="cpu").to(device)  # device data, not a constant
     # every group has its own lr tensor; a float default keeps AdamW's `0 <= lr` check on the host
     return torch.optim.AdamW(groups, lr=0.0,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,

@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from b2t.buckets import patch_count
 from b2t.config import Config
-from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE
+from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, PARAM_DTYPE
 from b2t.data.loader import Batch
 from b2t.model.ctc import ctc_loss
 from b2t.train.augment import augment
+from b2t.train.counter_rng import CounterRng, Stream
 from b2t.train.backend import Backend
 from b2t.train.optim import set_lrs
 
@@ -45,41 +47,55 @@ class Stepper:
         # Gradients exist from the start, so the first backward accumulates like every later
         # one: a backward that creates .grad traces a different graph than one that adds to it.
         for p in model.parameters():
-            p.grad = torch.zeros_like(p)
+            p.grad = _uploaded_zeros(p)
         self._init_optimizer_state()
+        # the loss's gradient seed, device data (a lazily computed one is one more graph)
+        self._grad_seed = backend.replicated(torch.full((), 1.0 / cfg.train.grad_accum, device="cpu"))
 
     def _init_optimizer_state(self) -> None:
         """Create AdamW's state up front (zero moments, step 0: what its first step would make).
 
         Otherwise the first step traces a state-creating graph that no later step reuses,
-        and restoring a pre-warm-up snapshot would bring that extra graph back.
+        and restoring a pre-warm-up snapshot would bring that extra graph back. Zeros are
+        uploaded from the host, so they are device data like every later state.
         """
         for group in self.optimizer.param_groups:
             step_device = None if group.get("capturable") else torch.device("cpu")
             for p in group["params"]:
                 if not self.optimizer.state[p]:
+                    step = torch.zeros((), dtype=torch.float32, device="cpu")
                     self.optimizer.state[p] = {
-                        "step": torch.zeros((), dtype=torch.float32, device=step_device or p.device),
-                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "step": step.to(step_device or p.device),
+                        "exp_avg": _uploaded_zeros(p),
+                        "exp_avg_sq": _uploaded_zeros(p),
                     }
 
     def _logits_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                        phone_seq_lens: Tensor, day_indices: Tensor,
-                        input_keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                        phone_seq_lens: Tensor, day_indices: Tensor, rng: CounterRng | None = None
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+        """Augment (training when `rng` is given: noise, cut, dropout), forward, per-row CTC."""
+        train = rng is not None
+        features, n_time_steps = augment(features, n_time_steps, self.cfg.augment, train=train, rng=rng)
+        input_keep = rnn_keep = None
+        if train:
+            m = self.cfg.model
+            B, T, _ = features.shape
+            input_keep = rng.keep(Stream.INPUT_KEEP, features.shape, m.input_dropout, COMPUTE_DTYPE)
+            shape = self.model.rnn_keep_shape(B, patch_count(T, m.patch_size, m.patch_stride))
+            rnn_keep = None if shape is None else rng.keep(Stream.RNN_KEEP, shape, m.rnn_dropout, PARAM_DTYPE)
         with self.backend.autocast():
-            logits = self.forward(features, day_indices, input_keep)  # (B, P, C) bf16
+            logits = self.forward(features, day_indices, input_keep, rnn_keep)  # (B, P, C) bf16
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # CTC in f32
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
         nll = ctc_loss(log_probs, seq_class_ids, out_lens, phone_seq_lens)  # (B,)
         return logits, nll, out_lens
 
     def _forward_loss(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                      phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor,
-                      input_keep: Tensor | None = None) -> Tensor:
-        """Mean CTC loss over the batch's valid rows (padding rows weigh nothing)."""
+                      phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor, seed: Tensor) -> Tensor:
+        """Mean CTC loss over the batch's valid rows (padding rows weigh nothing); `seed` (1,)
+        int32 keys every random draw of the step (`CounterRng`)."""
         _, nll, _ = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
-                                         input_keep)
+                                         CounterRng(seed))
         weight = valid.to(LOSS_DTYPE)
         return (nll * weight).sum() / weight.sum().clamp(min=1.0)
 
@@ -96,28 +112,26 @@ class Stepper:
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # (B, P, C) f32
         return nll, logits.argmax(-1).to(torch.int32), out_lens, log_probs
 
-    def _inputs(self, batch: Batch, train: bool) -> dict[str, Tensor]:
-        """Augmented step inputs, placed by the backend (sharded over its mesh); `valid` in training."""
-        t = self.backend.place(batch.tensors)
-        features, n_time_steps = augment(t["features"], t["n_time_steps"], self.cfg.augment, train=train)
-        inputs = {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
-                  "phone_seq_lens": t["phone_seq_lens"], "day_indices": t["day_indices"]}
-        if not train:
-            return inputs
-        p = self.cfg.model.input_dropout  # the mask is drawn here, outside the compiled region
-        keep = (torch.rand(features.shape, dtype=torch.float32, device=features.device) >= p).to(COMPUTE_DTYPE)
-        return {**inputs, "valid": t["valid"], "input_keep": keep / (1.0 - p)}
+    def inputs(self, batch: Batch, step: int | None = None, micro: int = 0) -> dict[str, Tensor]:
+        """The compiled functions' inputs, placed by the backend (sharded over its mesh).
 
-    def seed(self, step: int, micro: int = 0) -> None:
-        """Per-step RNG seed: a resumed run draws the same noise and dropout as an unbroken one."""
-        self.backend.seed(self.cfg.train.seed * 1_000_003 + step * 64 + micro)
+        With `step` (training): also `valid` and the step's seed, a (1,) int32 tensor
+        uploaded from the host (device data whatever its value: no recompilation), from which
+        every random draw of the step is hashed; a resumed run draws what an unbroken one did.
+        """
+        t = self.backend.place(batch.tensors)
+        inputs = {k: t[k] for k in ("features", "n_time_steps", "seq_class_ids", "phone_seq_lens", "day_indices")}
+        if step is None:
+            return inputs
+        seed = (self.cfg.train.seed * 1_000_003 + step * 64 + micro) % 2**31
+        return {**inputs, "valid": t["valid"],
+                "seed": self.backend.replicated(torch.tensor([seed], dtype=torch.int32, device="cpu"))}
 
     def forward_backward(self, batch: Batch, step: int, micro: int) -> Tensor:
         """Loss (device scalar) of one micro-batch; its gradient is added to `.grad`."""
         self.model.train()
-        self.seed(step, micro)
-        loss = self._train_fn(**self._inputs(batch, train=True))
-        (loss / self.cfg.train.grad_accum).backward()
+        loss = self._train_fn(**self.inputs(batch, step, micro))
+        loss.backward(self._grad_seed)  # d(loss / grad_accum)
         return loss.detach()
 
     def update(self, step: int) -> Tensor:
@@ -172,7 +186,7 @@ class Stepper:
     @torch.no_grad()
     def _evaluate(self, fn: Callable, batch: Batch) -> tuple[Tensor, ...]:
         self.model.eval()
-        out = self.backend.gathered(fn(**self._inputs(batch, train=False)))
+        out = self.backend.gathered(fn(**self.inputs(batch)))
         self.backend.sync()
         return out
 
@@ -198,23 +212,30 @@ class Stepper:
 
     @contextlib.contextmanager
     def _preserved_state(self) -> Iterator[None]:
-        """Copy weights and optimizer state back on exit (device-side clones, no host copy)."""
-        live = list(self.model.state_dict().values())
+        """Put weights, gradients and optimizer state back on exit.
+
+        Kept as host copies and uploaded back: an upload is device data and compiles
+        nothing, where device-side clones and copies would each be one more graph.
+        """
+        live = list(self.model.state_dict().values()) + [p.grad for p in self.model.parameters()]
         live += [t for s in self.optimizer.state.values() for t in s.values()]
-        saved = [t.detach().clone() for t in live]
+        saved = [t.detach().cpu() for t in live]
         try:
             yield
         finally:
             with torch.no_grad():
                 for t, s in zip(live, saved):
                     t.copy_(s)
-            self.optimizer.zero_grad(set_to_none=False)
             self.backend.sync()
 
 
 def _shape_of(batch: Batch) -> str:
     B, T, _ = batch.tensors["features"].shape
     return f"bucket T={T} B={B}"
+
+
+def _uploaded_zeros(p: Tensor) -> Tensor:
+    return torch.zeros(p.shape, dtype=p.dtype, device="cpu").to(p.device)
 
 
 def _device_zero(backend: Backend) -> Tensor:

@@ -1,0 +1,46 @@
+"""What b2t's custom ops (`gru_op`, `ctc_op`) share: the backward by recomputation.
+
+Both ops are opaque to dynamo and AOTAutograd: one node in the forward graph, one (the
+backward op) in the backward graph, so under `torch.compile(backend="openxla")` their
+XLA kernels (torch_xla scans) are traced into the same HLO modules as the dense layers
+around them. The backward kernel recomputes the differentiable forward (the scan, or
+torch's native kernel) with autograd on and takes its vector-Jacobian product: the
+forward op therefore saves only its inputs, never per-step states. The choice against a
+hand-written reverse recursion is measured in `tools/bench_compile.py` (see README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from b2t.private_api import autograd_inside_op
+
+
+def recompute_vjp(forward: Callable[..., torch.Tensor], grad: torch.Tensor, inputs: Sequence[torch.Tensor | None],
+                  wanted: Sequence[bool]) -> list[torch.Tensor | None]:
+    """d <grad, forward(*inputs)> / d inputs[i] for each `wanted` i (None elsewhere), recomputed.
+
+    Runs with autograd re-enabled inside the op's kernel; inputs are detached first, so
+    nothing outside the kernel is recorded. A wanted input the output does not depend on
+    gets zeros (an op's gradient outputs must be tensors).
+    """
+    with autograd_inside_op():
+        leaves = [None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wanted)]
+        out = forward(*leaves)
+        targets = [t for t, w in zip(leaves, wanted) if w]
+        grads = iter(torch.autograd.grad(out, targets, grad, allow_unused=True))
+    result: list[torch.Tensor | None] = []
+    for t, w in zip(leaves, wanted):
+        g = next(grads) if w else None
+        result.append(torch.zeros_like(t) if w and g is None else g)
+    return result
+
+
+def detached_run(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor | None) -> torch.Tensor:
+    """The forward kernel: `forward` on detached inputs with autograd keys back (scan traces
+    its backward as it goes and needs them)."""
+    with autograd_inside_op():
+        out = forward(*[None if t is None else t.detach() for t in inputs])
+    return out.detach()

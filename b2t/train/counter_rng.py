@@ -1,0 +1,87 @@
+"""Random numbers as pure tensor ops of a seed tensor, so they can live inside a compiled graph.
+
+Why: a random op (torch.rand, dropout) inside a `torch.compile(backend="openxla")` graph
+draws the same numbers at every call (the bridge replays the traced RNG state), and
+drawing outside the graph costs one more XLA graph per bucket shape. Here each number is
+a hash of (seed, stream, element index): the seed is a (1,) int32 device tensor, new every
+step (device data, so no recompilation), and the same seed gives the same numbers on every
+backend and device. The hash is `lowbias32` (xor-shift-multiply, 32-bit), computed in
+int32 with wrapping multiplies and logical shifts built from arithmetic ones; good enough
+for augmentation noise and dropout masks, not for cryptography.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import torch
+from torch import Tensor
+
+_GOLDEN = -1640531527  # 0x9E3779B9 as int32: spreads consecutive indices and streams
+_M1 = 0x7FEB352D
+_M2 = -2073254261  # 0x846CA68B as int32
+
+
+class Stream(enum.IntEnum):
+    """Every use of randomness in a step, one stream each (a normal draw uses two)."""
+
+    NOISE = 0  # white noise (and 1)
+    OFFSET = 2  # constant offset per row and channel (and 3)
+    CUT = 4  # start cut per row
+    INPUT_KEEP = 5  # input dropout mask
+    RNN_KEEP = 6  # dropout masks between GRU layers
+
+
+def _i32(v: int) -> int:
+    """A Python int wrapped to the int32 range (tensor ops then stay int32)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _srl(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int32 bits (`>>` on int32 is arithmetic)."""
+    return (x >> k) & ((1 << (32 - k)) - 1)
+
+
+def _mix(x: Tensor) -> Tensor:
+    x = x ^ _srl(x, 16)
+    x = x * _M1
+    x = x ^ _srl(x, 15)
+    x = x * _M2
+    return x ^ _srl(x, 16)
+
+
+class CounterRng:
+    """Uniform and normal draws keyed by (seed, stream); `stream` names one use of randomness."""
+
+    def __init__(self, seed: Tensor):
+        if seed.dtype != torch.int32 or tuple(seed.shape) != (1,):
+            raise ValueError(f"seed must be a (1,) int32 tensor, got {tuple(seed.shape)} {seed.dtype}")
+        self.seed = seed
+
+    def bits(self, stream: int, shape: tuple[int, ...]) -> Tensor:
+        """int32 hash bits of `shape` for `stream` (streams must differ between uses)."""
+        n = math.prod(shape)
+        if n >= 2**31:
+            raise ValueError(f"{n} draws exceed the 2^31 counter range")
+        key = _mix(self.seed * _GOLDEN + _i32(stream * _M1))  # (1,)
+        index = torch.arange(n, dtype=torch.int32, device=self.seed.device)
+        return _mix(_mix(index * _GOLDEN ^ key) + key).reshape(shape)
+
+    def uniform(self, stream: int, shape: tuple[int, ...]) -> Tensor:
+        """f32 in [0, 1), 24 random bits each."""
+        return _srl(self.bits(stream, shape), 8).to(torch.float32) * 2.0**-24
+
+    def normal(self, stream: int, shape: tuple[int, ...]) -> Tensor:
+        """f32 standard normal (Box-Muller over streams `stream` and `stream` + 1)."""
+        radius = torch.sqrt(-2.0 * torch.log1p(-self.uniform(stream, shape)))  # log(1 - u), u < 1
+        return radius * torch.cos(2.0 * math.pi * self.uniform(stream + 1, shape))
+
+    def integers(self, stream: int, high: int, shape: tuple[int, ...]) -> Tensor:
+        """int32 uniform in 0..high-1."""
+        return (self.uniform(stream, shape) * high).to(torch.int32).clamp(max=high - 1)
+
+    def keep(self, stream: int, shape: tuple[int, ...], p: float, dtype: torch.dtype) -> Tensor:
+        """A dropout mask: 0 with probability p, else 1/(1-p), in `dtype`."""
+        return (self.uniform(stream, tuple(shape)) >= p).to(dtype) / (1.0 - p)
