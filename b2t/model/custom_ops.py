@@ -40,7 +40,12 @@ def recompute_vjp(forward: Callable[..., torch.Tensor], grad: torch.Tensor, inpu
 
 def detached_run(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor | None) -> torch.Tensor:
     """The forward kernel: `forward` on detached inputs with autograd keys back (scan traces
-    its backward as it goes and needs them)."""
+    its backward as it goes and needs them).
+
+    Float inputs require grad here as in the backward's recomputation: torch_xla's scan
+    caches its traced step without the inputs' requires_grad in the key, and a trace made
+    from inputs that did not require grad gave zero gradients to a later call (measured).
+    """
     with autograd_inside_op():
-        out = forward(*[None if t is None else t.detach() for t in inputs])
+        out = forward(*[None if t is None else t.detach().requires_grad_(t.is_floating_point()) for t in inputs])
     return out.detach()

@@ -153,8 +153,9 @@ def test_compiled_graph_does_not_grow_with_time():
     assert instructions[60] == instructions[600], instructions
 
 
-def test_runs_as_an_island_inside_torch_compile_openxla():
-    """Dynamo must leave the scan alone (it fails when traced): same loss and gradient."""
+def test_runs_inside_torch_compile_openxla_as_one_graph():
+    """Under openxla the recursion is the custom op `b2t::ctc_nll` inside dynamo's graph (no
+    break): same loss and gradient as the lazy scan."""
     batch = _batch(B=3, T=20, L=5, C=41, seed=7)
     want_loss, want_grad = _on_xla(batch)
 
@@ -162,9 +163,14 @@ def test_runs_as_an_island_inside_torch_compile_openxla():
         return ctc_loss(F.log_softmax(logits, dim=-1), targets, input_lengths, target_lengths).sum()
 
     logits = batch["logits"].to(DEVICE).requires_grad_(True)
-    labels = (batch[k].to(DEVICE) for k in ("targets", "input_lengths", "target_lengths"))
-    loss = torch.compile(summed_loss, backend="openxla")(logits, *labels)
-    loss.backward()
-    torch_xla.sync()
+    labels = [batch[k].to(DEVICE) for k in ("targets", "input_lengths", "target_lengths")]
+    try:
+        explained = torch._dynamo.explain(summed_loss)(logits, *labels)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+        loss = torch.compile(summed_loss, backend="openxla")(logits, *labels)
+        loss.backward()
+        torch_xla.sync()
+    finally:
+        torch._dynamo.reset()
     torch.testing.assert_close(loss.detach().cpu(), want_loss.sum())
     torch.testing.assert_close(logits.grad.cpu(), want_grad)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from b2t.config import AugmentConfig
 from b2t.train.augment import augment, gaussian_kernel, shift_start, smooth
+from b2t.train.counter_rng import CounterRng, Stream
 
 OFF = AugmentConfig(white_noise_std=0.0, constant_offset_std=0.0, max_start_cut=0, smooth_std=0.0)
 
@@ -23,6 +24,10 @@ def _reference_kernel(std: float) -> list[float]:
     total = sum(g)
     kept = [v / total for v in g if v / total > 0.01]
     return [v / sum(kept) for v in kept]
+
+
+def _rng(seed: int, device: torch.device | str = "cpu") -> CounterRng:
+    return CounterRng(torch.tensor([seed], dtype=torch.int32, device="cpu").to(device))
 
 
 def _batch(B: int, T: int, lengths: list[int], seed: int = 0,
@@ -96,7 +101,7 @@ def test_smoothing_stays_float32_under_autocast():
 @pytest.mark.parametrize("train", [True, False])
 def test_shapes_and_dtypes_are_kept(dtype, train):
     x, n = _batch(4, 32, [32, 20, 1, 0], dtype=dtype)
-    y, m = augment(x, n, AugmentConfig(), train=train)
+    y, m = augment(x, n, AugmentConfig(), train=train, rng=_rng(0))
     assert y.shape == x.shape and y.dtype == dtype
     assert m.shape == n.shape and m.dtype == torch.int32
     _assert_zero_beyond(y, m)
@@ -130,10 +135,9 @@ def test_shift_start_moves_each_row_left_by_its_cut(data, B, T):
 
 def test_train_start_cut_is_a_shift_within_range():
     max_cut = 3
-    torch.manual_seed(0)
     x, n = _batch(64, 16, [16] * 32 + [9] * 32, seed=2)
     y, m = augment(x, n, AugmentConfig(white_noise_std=0.0, constant_offset_std=0.0, max_start_cut=max_cut,
-                                       smooth_std=0.0), train=True)
+                                       smooth_std=0.0), train=True, rng=_rng(0))
     cuts = (n - m).tolist()
     assert set(cuts) == set(range(max_cut + 1))  # 64 rows: every cut 0..3 drawn
     for b, c in enumerate(cuts):
@@ -146,15 +150,14 @@ def test_train_noise_has_the_configured_spread():
     B, T, F = 4, 256, 512
     x = torch.zeros((B, T, F), dtype=torch.float32, device="cpu")
     n = torch.tensor([T, T, T, 100], dtype=torch.int32, device="cpu")
-    torch.manual_seed(0)
     y, m = augment(x, n, AugmentConfig(white_noise_std=0.5, constant_offset_std=0.0, max_start_cut=0,
-                                       smooth_std=0.0), train=True)
+                                       smooth_std=0.0), train=True, rng=_rng(0))
     assert torch.equal(m, n)
     assert abs(float(y[:3].std()) - 0.5) < 0.01
     _assert_zero_beyond(y, m)
 
     y, _ = augment(x, n, AugmentConfig(white_noise_std=0.0, constant_offset_std=2.0, max_start_cut=0,
-                                       smooth_std=0.0), train=True)
+                                       smooth_std=0.0), train=True, rng=_rng(1))
     assert torch.equal(y[:3], y[:3, :1].expand(3, T, F))  # one offset per row and channel, constant in time
     assert abs(float(y[:, 0].std()) - 2.0) < 0.2
 
@@ -164,31 +167,29 @@ def test_train_composition_masks_padding_before_smoothing():
     B, T, F = 3, 24, 6
     x, n = _batch(B, T, [24, 15, 3], seed=4)
     cfg = AugmentConfig(white_noise_std=0.7, constant_offset_std=0.3, max_start_cut=0, smooth_std=2.0)
-    torch.manual_seed(11)
-    y, _ = augment(x, n, cfg, train=True)
-    torch.manual_seed(11)
-    noise = torch.randn((B, T, F), dtype=torch.float32, device="cpu")
-    offset = torch.randn((B, 1, F), dtype=torch.float32, device="cpu")
+    y, _ = augment(x, n, cfg, train=True, rng=_rng(11))
+    noise = _rng(11).normal(Stream.NOISE, (B, T, F))
+    offset = _rng(11).normal(Stream.OFFSET, (B, 1, F))
     valid = (torch.arange(T, dtype=torch.int32, device="cpu")[None, :] < n[:, None])[:, :, None]  # (B, T, 1)
     noisy = x + 0.7 * noise + 0.3 * offset
     expected = smooth(noisy * valid, gaussian_kernel(2.0)) * valid
     torch.testing.assert_close(y, expected, rtol=0, atol=1e-6)
 
 
-def test_train_draws_are_seeded_by_torch_rng():
+def test_train_draws_are_keyed_by_the_seed_tensor():
     x, n = _batch(2, 20, [20, 12])
-    torch.manual_seed(7)
-    a, na = augment(x, n, AugmentConfig(), train=True)
-    torch.manual_seed(7)
-    b, nb = augment(x, n, AugmentConfig(), train=True)
-    c, _ = augment(x, n, AugmentConfig(), train=True)
+    a, na = augment(x, n, AugmentConfig(), train=True, rng=_rng(7))
+    b, nb = augment(x, n, AugmentConfig(), train=True, rng=_rng(7))
+    c, _ = augment(x, n, AugmentConfig(), train=True, rng=_rng(8))
     assert torch.equal(a, b) and torch.equal(na, nb) and not torch.equal(a, c)
+    with pytest.raises(ValueError, match="needs an rng"):
+        augment(x, n, AugmentConfig(), train=True)
 
 
 def test_all_off_is_identity_on_contract_batches():
     x, n = _batch(3, 10, [10, 4, 0])
     for train in (True, False):
-        y, m = augment(x, n, OFF, train=train)
+        y, m = augment(x, n, OFF, train=train, rng=_rng(0))
         assert torch.equal(y, x) and torch.equal(m, n)
 
 
@@ -205,14 +206,14 @@ def test_on_xla_compiles_once_and_stays_on_device():
     torch_xla.sync()
     met.clear_all()
     compiles, outputs = [], []
-    for _ in range(3):
-        y, m = augment(xd, nd, AugmentConfig(), train=True)
+    for step in range(3):
+        y, m = augment(xd, nd, AugmentConfig(), train=True, rng=_rng(step, device))
         torch_xla.sync()
         compiles.append((met.metric_data("CompileTime") or [0])[0])
         outputs.append(y.cpu())
     assert compiles == [compiles[0]] * 3, f"augment recompiled on the same shape: {compiles}"
     assert [c for c in met.counter_names() if c.startswith("aten::")] == []
-    assert not torch.equal(outputs[0], outputs[1]), "the device RNG must advance between calls"
+    assert not torch.equal(outputs[0], outputs[1]), "a new seed must draw new numbers"
     assert y.shape == x.shape and y.dtype == torch.bfloat16 and m.dtype == torch.int32
     _assert_zero_beyond(y.cpu(), m.cpu())
 

@@ -1,0 +1,87 @@
+"""`b2t::gru_stack` as a custom op: its CPU kernel is torch's GRU exactly, its XLA kernel
+(scan) and backward op (recomputation) match it in value and every gradient, lazily and
+inside `torch.compile(backend="openxla")`, with and without dropout masks."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch_xla
+from hypothesis import given
+from hypothesis import strategies as st
+
+from b2t.model.gru_op import gru_stack
+from b2t.model.recurrence import gru_weights
+from torch.nn.modules.rnn import GRU as TorchGRU
+
+DEVICE = torch_xla.device()
+CPU = torch.device("cpu")
+
+
+def _case(B: int, P: int, D: int, H: int, L: int, dropout: bool, seed: int):
+    g = torch.Generator(device=CPU).manual_seed(seed)
+    torch.manual_seed(seed)
+    gru = TorchGRU(D, H, L, batch_first=True, device=CPU)
+    x = torch.randn((B, P, D), generator=g, dtype=torch.float32, device=CPU)
+    h0 = 0.5 * torch.randn((L, B, H), generator=g, dtype=torch.float32, device=CPU)
+    keep = None
+    if dropout and L > 1:
+        keep = (torch.rand((L - 1, B, P, H), generator=g, device=CPU) >= 0.3).float() / 0.7
+    weight = torch.randn((B, P, H), generator=g, dtype=torch.float32, device=CPU)  # a generic loss
+    return gru, x, h0, keep, weight
+
+
+def _outputs(fn, case, device):
+    """(output, grad x, grad h0, grad of every weight) of sum(weight * fn(...)) on `device`."""
+    gru, x, h0, keep, weight = case
+    gru = copy.deepcopy(gru).to(device)
+    xs = x.to(device).detach().requires_grad_(True)  # .to(cpu) of a CPU tensor is the tensor itself
+    hs = h0.to(device).detach().requires_grad_(True)
+    y = fn(xs, hs, gru_weights(gru), None if keep is None else keep.to(device))
+    (y * weight.to(device)).sum().backward()
+    torch_xla.sync()
+    return [t.detach().cpu() for t in (y, xs.grad, hs.grad, *(w.grad for w in gru_weights(gru)))]
+
+
+def _op(x, h0, weights, keep):
+    return torch.ops.b2t.gru_stack(x, h0, weights, keep)
+
+
+def _module(x, h0, weights, keep):
+    """torch's own multi-layer GRU (no dropout), what eager ran before the op existed."""
+    L = h0.shape[0]
+    gru = TorchGRU(x.shape[2], h0.shape[2], L, batch_first=True, device=CPU)
+    with torch.no_grad():
+        for w, p in zip(weights, gru_weights(gru)):
+            p.copy_(w)
+    y, _ = gru(x, h0)
+    return y
+
+
+@given(st.tuples(st.integers(1, 4), st.integers(1, 12), st.integers(1, 9), st.integers(1, 6), st.integers(1, 3)),
+       st.booleans(), st.integers(0, 2**16))
+def test_op_kernels_match_torch_gru_in_value_and_every_gradient(shape, dropout, seed):
+    case = _case(*shape, dropout, seed)
+    eager = _outputs(gru_stack, case, CPU)
+    for got, want in zip(_outputs(_op, case, CPU), eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for got, want in zip(_outputs(_op, case, DEVICE), eager):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_without_masks_it_is_torch_gru():
+    case = _case(3, 7, 5, 4, 2, False, 1)
+    y_module = _module(case[1], case[2], gru_weights(case[0]), None)
+    torch.testing.assert_close(gru_stack(case[1], case[2], gru_weights(case[0]), None), y_module, rtol=0, atol=0)
+
+
+def test_inside_openxla_matches_the_lazy_scan():
+    case = _case(3, 9, 6, 5, 2, True, 3)
+    lazy = _outputs(gru_stack, case, DEVICE)
+    try:
+        compiled = _outputs(torch.compile(gru_stack, backend="openxla"), case, DEVICE)
+    finally:
+        torch._dynamo.reset()
+    for got, want in zip(compiled, lazy):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
