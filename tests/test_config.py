@@ -1,12 +1,11 @@
 """The config schema: the shipped YAML files load, unknown keys fail with a hint, overrides parse."""
 
-from pathlib import Path
 
 import pytest
 
-from b2t.config import Config, ConfigError, load_config
+from b2t.config import CONFIG_DIR, Config, ConfigError, load_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = CONFIG_DIR
 
 
 @pytest.mark.parametrize("name", ["baseline.yaml", "tiny.yaml"])
@@ -17,7 +16,7 @@ def test_shipped_configs_load(name):
 
 def test_baseline_is_the_reference_recipe():
     cfg = load_config(CONFIGS / "baseline.yaml")
-    assert (cfg.model.n_units, cfg.model.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (768, 5, 14, 4)
+    assert (cfg.model.gru.n_units, cfg.model.gru.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (768, 5, 14, 4)
     assert (cfg.data.batch_size, cfg.data.days_per_batch) == (64, 4)
     assert (cfg.optim.lr, cfg.optim.lr_min, cfg.optim.eps, cfg.optim.weight_decay) == (0.005, 0.0001, 0.1, 0.001)
     assert (cfg.optim.warmup_steps, cfg.optim.decay_steps, cfg.optim.grad_clip) == (1000, 120_000, 10.0)

@@ -82,7 +82,7 @@ _gru_stack_op.register_autograd(_backward, setup_context=_setup_context)
 
 def gru_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
               keep: torch.Tensor | None = None) -> torch.Tensor:
-    """The stacked GRU: x (B, P, D), h0 (L, B, H), `recurrence.gru_weights` order -> (B, P, H).
+    """The stacked GRU: x (B, P, D), h0 (L, B, H), torch's flat weight order -> (B, P, H).
 
     `keep` (L-1, B, P, H): dropout masks applied to each layer's input after the first
     (0 or 1/(1-p)), or None for no dropout. Matmuls in x's dtype, state in h0's.

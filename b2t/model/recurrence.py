@@ -1,18 +1,14 @@
-"""The stacked GRU's math: one set of parameters, two ways to run it.
+"""The GRU stack's two kernels, for the parameters of a `b2t.model.layers.GRUStack`.
 
-The parameters always live in torch's own GRU module (taken from `torch.nn.modules.rnn`
-because `import torch_xla` rebinds `torch.nn.GRU` process-wide to a class that rejects
-CPU and CUDA tensors), so checkpoints are the same whichever backend wrote them. Given
-its weights (`gru_weights`), the stack runs as
-
-- `native_stack` (CPU, CUDA): torch's GRU kernel (ATen or cuDNN), one layer per call;
+- `native_stack` (CPU, CUDA): torch's GRU kernel (`torch._VF.gru`, what `nn.GRU` calls),
+  one layer per call so the dropout between layers is an explicit mask;
 - `scan_stack` (XLA): the same equations with each layer's time loop lowered to one XLA
   while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
   (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
 
-Dropout between layers is an explicit mask drawn by the caller (`keep`), never drawn
-here: inside a compiled graph a random op draws the same numbers at every call.
-`b2t.model.gru_op` wraps both as one custom op, so dynamo sees a single node.
+Dropout masks between layers (`keep`) are drawn by the caller, never here: inside a
+compiled graph a random op draws the same numbers at every call. `b2t.model.gru_op` wraps
+both kernels as one custom op, so dynamo sees a single node and never cuts the graph.
 
 Why not torch_xla's own scan GRU (`torch_xla.experimental.gru`): its traced step is cached
 by input shapes and dtypes but not by the autocast state, so after one call without
@@ -31,42 +27,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.rnn import GRU as TorchGRU
-
-from b2t.config import ModelConfig
-from b2t.contract import PARAM_DTYPE
 
 Carry = dict[str, torch.Tensor]
-
-
-def make_gru(input_size: int, cfg: ModelConfig) -> TorchGRU:
-    """A batch-first `cfg.n_layers` x `cfg.n_units` GRU, initialised like the reference.
-
-    Init: `weight_hh` orthogonal, `weight_ih` xavier-uniform, biases left at torch's
-    default uniform(+-1/sqrt(n_units)) as the reference leaves them. Made on the CPU in
-    f32 so one seed gives the same weights whatever device runs the model.
-    """
-    gru = TorchGRU(
-        input_size,
-        cfg.n_units,
-        cfg.n_layers,
-        batch_first=True,
-        dropout=cfg.rnn_dropout if cfg.n_layers > 1 else 0.0,  # torch warns on 1 layer
-        device=torch.device("cpu"),
-        dtype=PARAM_DTYPE,
-    )
-    for name, param in gru.named_parameters():
-        if name.startswith("weight_hh"):
-            torch.nn.init.orthogonal_(param)
-        elif name.startswith("weight_ih"):
-            torch.nn.init.xavier_uniform_(param)
-    return gru
-
-
-def gru_weights(gru: TorchGRU) -> list[torch.Tensor]:
-    """The module's parameters in torch's flat order: weight_ih, weight_hh, bias_ih, bias_hh per layer."""
-    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-    return [getattr(gru, f"{name}_l{layer}") for layer in range(gru.num_layers) for name in names]
 
 
 def _layers(weights: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -1,8 +1,9 @@
 """How the one step function is compiled and run: openxla, xla, inductor or eager.
 
-- openxla: `torch.compile(backend="openxla")` on the XLA device; dynamo compiles the dense
-  parts, the recurrences run as XLA while-loops in between (about 25 small graphs per
-  bucket shape on the tiny config).
+- openxla: `torch.compile(backend="openxla")` on the XLA device; dynamo compiles the whole
+  step's forward (augmentation, model, loss; the GRU and CTC recurrences are custom ops
+  whose XLA while-loops land in the same HLO module) and its backward: 3 graphs per
+  bucket shape on the tiny config with the eval graph, plus a shared optimizer graph.
 - xla: no dynamo; the whole step is traced lazily and cut by `torch_xla.sync()`, which is
   what `torch_xla.compile` does and what the torch_xla docs recommend for performance
   (about 3 graphs per bucket shape).
@@ -10,7 +11,7 @@
 
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how batches get onto it (sharded over
-an SPMD mesh when there is one, see `parallel`), how to compile, how to wait for the
+an SPMD mesh when there is one, see `mesh`), how to compile, how to wait for the
 device, and (on XLA) how many compilations and host fallbacks the
 run has caused so far, read from `torch_xla.debug.metrics`.
 """
@@ -18,22 +19,16 @@ run has caused so far, read from `torch_xla.debug.metrics`.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE
 from b2t.private_api import scalars_as_device_data
-
-if TYPE_CHECKING:
-    from b2t.train.parallel import SpmdMesh
-
-BACKENDS = ("openxla", "xla", "inductor", "eager")
-XLA_BACKENDS = ("openxla", "xla")
-"""The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
+from b2t.train.devices import select_pjrt_device
+from b2t.train.mesh import SpmdMesh
 
 
 @dataclass(frozen=True)
@@ -97,8 +92,6 @@ class Backend:
         elif self.mesh is None:
             backend = "openxla"
         else:
-            from b2t.train.parallel import spmd_openxla
-
             backend = spmd_openxla()
         # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
         # run a bucket eagerly, so lift the limit well above any sensible bucket count.
@@ -113,7 +106,7 @@ class Backend:
         """Cut the lazy XLA graph here and run it (a no-op off XLA).
 
         On an SPMD mesh, also wait for it: tracing the next step while the mesh still ran
-        this one crashed the process inside torch_xla (see `parallel`).
+        this one crashed the process inside torch_xla (`b2t.xla_workarounds`: spmd-async-trace).
         """
         if self.xla:
             import torch_xla
@@ -151,7 +144,7 @@ def _xla_counts() -> CompileStats:
 def make_backend(name: str, device: str | torch.device | None = None, mesh: SpmdMesh | None = None) -> Backend:
     """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU).
 
-    `mesh` (XLA only, from `parallel.enable_spmd`) makes every batch data-parallel over it.
+    `mesh` (XLA only, from `mesh.enable_spmd`) makes every batch data-parallel over it.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
@@ -168,10 +161,15 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
     return Backend(name, torch.device(device))
 
 
-def select_pjrt_device() -> None:
-    """PJRT_DEVICE for torch_xla, unless set: the TPU when this host has one, else the CPU."""
-    os.environ.setdefault("PJRT_DEVICE", "TPU" if _tpu_present() else "CPU")
+def spmd_openxla() -> Callable:
+    """The openxla compiler for SPMD runs: dynamo's forward graphs compiled by torch_xla's
+    bridge, their AOT backward graphs traced lazily into the step.
 
+    torch_xla 2.9's bridge, re-running a compiled backward graph under SPMD, read a forward
+    input (the day indices) from the first call's buffer (`b2t.xla_workarounds`: spmd-bridge-backward).
+    """
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.torchxla import openxla_eval_boxed
 
-def _tpu_present() -> bool:
-    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+    return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))

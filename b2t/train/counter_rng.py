@@ -29,8 +29,7 @@ class Stream(enum.IntEnum):
     NOISE = 0  # white noise (and 1)
     OFFSET = 2  # constant offset per row and channel (and 3)
     CUT = 4  # start cut per row
-    INPUT_KEEP = 5  # input dropout mask
-    RNN_KEEP = 6  # dropout masks between GRU layers
+    MASKS = 5  # the model's dropout masks, one stream each from here on
 
 
 def _i32(v: int) -> int:
@@ -81,7 +80,3 @@ class CounterRng:
     def integers(self, stream: int, high: int, shape: tuple[int, ...]) -> Tensor:
         """int32 uniform in 0..high-1."""
         return (self.uniform(stream, shape) * high).to(torch.int32).clamp(max=high - 1)
-
-    def keep(self, stream: int, shape: tuple[int, ...], p: float, dtype: torch.dtype) -> Tensor:
-        """A dropout mask: 0 with probability p, else 1/(1-p), in `dtype`."""
-        return (self.uniform(stream, tuple(shape)) >= p).to(dtype) / (1.0 - p)

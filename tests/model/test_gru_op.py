@@ -12,10 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.model.gru_op import gru_stack
-from b2t.model.recurrence import gru_weights
 from torch.nn.modules.rnn import GRU as TorchGRU
 
 DEVICE = torch_xla.device()
+
+
+def gru_weights(gru: TorchGRU) -> list[torch.Tensor]:
+    """torch's flat weight order: weight_ih, weight_hh, bias_ih, bias_hh per layer."""
+    kinds = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    return [getattr(gru, f"{kind}_l{k}") for k in range(gru.num_layers) for kind in kinds]
 CPU = torch.device("cpu")
 
 
