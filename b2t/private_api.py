@@ -56,3 +56,17 @@ def scalars_as_device_data() -> None:
     import torch_xla
 
     torch_xla._XLAC._set_xla_handle_special_scalars(False)
+
+
+@contextlib.contextmanager
+def special_scalars_handled(handled: bool) -> Iterator[None]:
+    """torch_xla's special-scalar handling set to `handled` inside, restored on exit (for the
+    sentinel that shows the plain behaviour in a process where the trainer switched it off)."""
+    import torch_xla
+
+    before = torch_xla._XLAC._get_xla_handle_special_scalars()
+    torch_xla._XLAC._set_xla_handle_special_scalars(handled)
+    try:
+        yield
+    finally:
+        torch_xla._XLAC._set_xla_handle_special_scalars(before)

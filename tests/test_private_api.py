@@ -6,7 +6,12 @@ from __future__ import annotations
 import torch
 import torch_xla
 
-from b2t.private_api import autograd_excluded, autograd_inside_op, scalars_as_device_data
+from b2t.private_api import (
+    autograd_excluded,
+    autograd_inside_op,
+    scalars_as_device_data,
+    special_scalars_handled,
+)
 
 
 def test_the_private_names_exist():
@@ -49,6 +54,10 @@ def test_autograd_comes_back_inside_a_custom_op_and_autocast_does_not():
 
 
 def test_scalars_stay_device_data():
-    scalars_as_device_data()
-    t = torch.zeros((), device="cpu").to(torch_xla.device())
-    assert "device_data" in torch_xla._XLAC._get_xla_tensors_text([t])
+    with special_scalars_handled(True):
+        scalars_as_device_data()
+        t = torch.zeros((), device="cpu").to(torch_xla.device())
+        assert "device_data" in torch_xla._XLAC._get_xla_tensors_text([t])
+        with special_scalars_handled(True):
+            t = torch.zeros((), device="cpu").to(torch_xla.device())
+            assert "device_data" not in torch_xla._XLAC._get_xla_tensors_text([t])
