@@ -90,8 +90,9 @@ class Stepper:
         masks = None
         if rng is not None:
             B, T, _ = features.shape
-            declared = sorted(self.model.dropout_masks(B, T).items())
-            masks = {name: m.draw(rng.uniform(Stream.MASKS + i, m.shape)) for i, (name, m) in enumerate(declared)}
+            declared = self.model.dropout_masks(B, T)
+            masks = {name: declared[name].draw(rng.uniform(Stream.MASKS + i, declared[name].shape))
+                     for i, name in enumerate(sorted(declared))}  # a stream per mask, by name
         with self.backend.autocast():
             heads = self.forward(features, day_indices, masks)  # {head: (B, P, C)} bf16
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
