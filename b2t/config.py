@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +146,49 @@ def _unknown(kind: str, key: str, known: Iterable[str]) -> ConfigError:
     return ConfigError(f"unknown {kind} {key!r}{hint}")
 
 
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether a YAML value fits a declared field type: bool is not an int, an int is a float,
+    `X | None` takes null, `Literal[...]` its listed values, a section type a mapping."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(tp))
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp in (int, str, bool):
+        return isinstance(value, tp) and (tp is bool or not isinstance(value, bool))
+    if dataclasses.is_dataclass(tp):
+        return isinstance(value, (tp, Mapping))
+    raise TypeError(f"the config schema declares {tp!r}, which has no type check")
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    names = {type(None): "null", int: "an integer", float: "a number", str: "a string", bool: "true/false"}
+    return names.get(tp, f"a {getattr(tp, '__name__', tp)} mapping")
+
+
+def check_types(section: str, cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` checked against the declared types of `cls`'s fields (ints given for float
+    fields become floats); a mismatch raises ConfigError naming the key, value and type."""
+    hints = typing.get_type_hints(cls)
+    out = dict(values)
+    for key, value in values.items():
+        tp = hints[key]
+        if not _fits(value, tp):
+            raise ConfigError(f"{section}.{key}={value!r} ({type(value).__name__}): expected {_type_name(tp)}")
+        accepted = typing.get_args(tp) or (tp,)
+        if isinstance(value, int) and not isinstance(value, bool) and float in accepted and int not in accepted:
+            out[key] = float(value)
+    return out
+
+
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
     """Build a Config from nested dicts; unknown sections or keys raise ConfigError."""
     sections = {}
@@ -156,6 +201,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
         for key in values:
             if key not in known:
                 raise _unknown(f"key in section {name!r}", key, known)
+        values = check_types(name, cls, values)
         try:
             sections[name] = cls(**values)
         except TypeError as e:
