@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from b2t.cli_errors import Command
 from b2t.config import Config, ConfigError, load_config
 from b2t.train.backend import BACKENDS, XLA_BACKENDS
 
@@ -26,7 +27,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path), required=False)
 @config_option
