@@ -27,8 +27,9 @@ from typing import Any
 
 import h5py
 import numpy as np
+import torch
 
-from b2t.contract import FEATURE_DIM, SILENCE_ID
+from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, SILENCE_ID
 from b2t.data.manifest import SPLITS, Exclusion
 from preprocess.trials import DataError, TrialRef
 
@@ -172,11 +173,23 @@ def _scan_trial(f: h5py.File, path: Path, name: str, split: str, session: str, d
 
 
 def _check_finite(x: h5py.Dataset, bad: Callable[[str], DataError]) -> None:
+    """Every value finite as stored and after the cast to the shards' feature dtype (bf16):
+    float64 1e300 or float32 3.4e38 are finite in the file but Inf in a shard."""
     for start in range(0, x.shape[0], CHECK_ROWS):
-        finite = np.isfinite(x[start : start + CHECK_ROWS])  # (rows, F)
+        rows = x[start : start + CHECK_ROWS]  # (rows, F), the file's dtype
+        finite = np.isfinite(rows)
         if not finite.all():
             row, channel = np.argwhere(~finite)[0]
             raise bad(f"input_features has NaN/Inf at row {start + row}, channel {channel}")
+        with np.errstate(over="ignore"):  # float64 -> float32 overflow is what is checked next
+            stored = torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(FEATURE_DTYPE)  # as the writer casts
+        overflow = ~torch.isfinite(stored)
+        if bool(overflow.any()):
+            row, channel = (int(i) for i in overflow.nonzero()[0])
+            raise bad(f"input_features at row {start + row}, channel {channel} is {rows[row, channel]:g}, "
+                      f"beyond the range of {str(FEATURE_DTYPE).removeprefix('torch.')} (max "
+                      f"{torch.finfo(FEATURE_DTYPE).max:.4g}), the dtype shards store: it would become Inf; "
+                      "rescale the features")
 
 
 def _int_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> int:

@@ -57,6 +57,10 @@ def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape
         problems.append(f"phone_seq_lens above L={shape.L}, or nonzero in a padding row")
     if bool(((tensors["day_indices"] < 0) | (tensors["day_indices"] >= n_sessions)).any()):
         problems.append(f"day_indices outside 0..{n_sessions - 1}")
+    finite = torch.isfinite(tensors["features"])  # (B, T, F)
+    if not bool(finite.all()):
+        row, t, channel = (int(i) for i in (~finite).nonzero()[0])
+        problems.append(f"features are NaN/Inf at row {row}, bin {t}, channel {channel}")
     time_mask = torch.arange(shape.T, dtype=torch.int32, device="cpu")[None, :] < lengths[:, None]  # (B, T)
     if bool(tensors["features"][~time_mask].any()):
         problems.append("features are nonzero beyond a row's n_time_steps")

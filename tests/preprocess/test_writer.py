@@ -245,6 +245,16 @@ def test_batch_problems_catch_what_the_contract_cannot():
     assert any("day_indices outside 0..0" in p for p in problems)
 
 
+def test_batch_problems_catch_non_finite_features():
+    shape = BucketShape(T=18, B=2, L=8)
+    batch = empty_batch(shape)
+    batch["valid"][0], batch["n_time_steps"][0], batch["phone_seq_lens"][0] = True, 10, 2
+    batch["seq_class_ids"][0, :2] = torch.tensor([3, 40], dtype=torch.int32)
+    batch["features"][0, 4, 7] = float("inf")
+    problems = batch_problems(batch, {"rows": [{"group": "trial_0000"}, None]}, shape, n_sessions=1)
+    assert "features are NaN/Inf at row 0, bin 4, channel 7" in problems
+
+
 def _failing_job(job: str) -> str:
     raise DataError(f"{job}/data_train.hdf5", "trial_0003", "input_features has NaN/Inf at row 2, channel 9")
 
