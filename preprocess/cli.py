@@ -79,6 +79,8 @@ def build(src: Path, out: Path, config_path: Path | None, overrides: tuple[str, 
                                  overwrite=overwrite, progress=progress)
     except (ConfigError, DataError, OutputDirError) as e:
         raise click.ClickException(str(e)) from None
+    for warning in report.manifest.warnings:
+        click.secho(f"warning: {warning} (recorded in {out / MANIFEST_NAME})", fg="yellow", err=True)
     click.echo(summary(report))
 
 

@@ -72,6 +72,14 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
     return ordered
 
 
+def empty_folders(root: Path) -> list[Path]:
+    """Folders below `root` that hold no session file and no folder: an empty session folder
+    (a copy that did not finish, a day not downloaded), reported rather than skipped unseen."""
+    root = Path(root)
+    folders = [p for p in sorted(root.rglob("*")) if p.is_dir() and not p.name.startswith(".")]
+    return [p for p in folders if not any(c.is_dir() or c.name in SPLIT_FILES.values() for c in p.iterdir())]
+
+
 @contextmanager
 def _open(path: Path) -> Iterator[h5py.File]:
     try:

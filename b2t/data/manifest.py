@@ -48,6 +48,7 @@ class Manifest:
     sources: list[dict[str, Any]]  # per HDF5 file: path, bytes, sha256
     config: dict[str, Any]  # the data and model sections used
     exclusions: list[Exclusion] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # inputs skipped without being an error (empty folders)
     version: int = FORMAT_VERSION
 
     def dtypes(self) -> dict[str, str]:
@@ -64,6 +65,7 @@ class Manifest:
             "sources": self.sources,
             "config": self.config,
             "exclusions": [asdict(e) for e in self.exclusions],
+            "warnings": self.warnings,
         }
 
     @classmethod
@@ -78,6 +80,7 @@ class Manifest:
             sources=d["sources"],
             config=d["config"],
             exclusions=[Exclusion(**e) for e in d["exclusions"]],
+            warnings=list(d.get("warnings", [])),
         )
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
             raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
