@@ -35,7 +35,7 @@ from webdataset import TarWriter
 
 from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, check_batch, empty_batch
-from b2t.atomic import atomic_file, atomic_write_text, is_temp_name
+from b2t.atomic import atomic_file, atomic_write_text, is_temp_name, remove_stale_temps
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
 from preprocess.batching import BatchPlan, Layout, plan_layout
@@ -373,9 +373,7 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
         if overwrite and (state is None or state.get("identity") != identity):
             clear_output(out)
             state = None
-        for p in out.iterdir():
-            if is_temp_name(p.name):  # left by a run that was killed mid-write
-                p.unlink()
+        remove_stale_temps(out)  # left by a run that was killed mid-write
         done = _finished_shards(out, state, identity, tasks, executor)
         scan_seconds = time.perf_counter() - t0
 
