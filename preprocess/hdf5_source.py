@@ -16,7 +16,6 @@ moved or renamed, so which day it belongs to is unclear).
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -30,7 +29,7 @@ import numpy as np
 import torch
 
 from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, SILENCE_ID
-from b2t.data.manifest import SPLITS, Exclusion
+from b2t.data.manifest import SPLITS, Exclusion, file_sha256
 from preprocess.trials import DataError, TrialRef
 
 SPLIT_FILES: dict[str, str] = {split: f"data_{split}.hdf5" for split in SPLITS}
@@ -243,8 +242,4 @@ def read_features(refs: Sequence[TrialRef]) -> list[np.ndarray]:
 
 def file_fingerprint(path: Path) -> dict[str, Any]:
     """`path` (as given), size and streamed sha256: what the manifest records per source file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return {"path": str(path), "bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}
+    return {"path": str(path), "bytes": Path(path).stat().st_size, "sha256": file_sha256(path)}

@@ -14,10 +14,9 @@ from typing import Any
 import torch
 
 from b2t.contract import BucketShape, check_batch
-from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.manifest import Manifest, ShardEntry, shard_problem
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample
-from preprocess.hdf5_source import file_fingerprint
 from preprocess.writer import one_torch_thread
 
 
@@ -105,17 +104,8 @@ def verify(directory: str | Path, *, decode: bool = True) -> VerifyReport:
     report.shards = len(manifest.shards)
     for entry in manifest.shards:
         path = directory / entry.name
-        if not path.is_file():
-            report.errors.append(f"{entry.name}: missing")
-            continue
-        size = path.stat().st_size
-        if size != entry.bytes:
-            report.errors.append(f"{entry.name}: {size} bytes, the manifest says {entry.bytes}")
-            continue
-        digest = file_fingerprint(path)["sha256"]
-        if digest != entry.sha256:
-            report.errors.append(f"{entry.name}: sha256 {digest[:16]}... differs from the manifest's "
-                                 f"{entry.sha256[:16]}...")
+        if (problem := shard_problem(directory, entry, sha256=True)) is not None:
+            report.errors.append(problem)
             continue
         if decode:
             try:

@@ -8,6 +8,7 @@ it names is complete, so a manifest never points at a partial shard.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,29 @@ class ShardEntry:
     n_trials: int  # valid rows
     bytes: int
     sha256: str
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, streamed in 1 MiB reads."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_problem(root: str | Path, entry: ShardEntry, *, sha256: bool) -> str | None:
+    """What is wrong with one listed shard on disk (missing, size, and with `sha256` its
+    digest), naming it; None when it matches the manifest."""
+    path = Path(root) / entry.name
+    if not path.is_file():
+        return f"{entry.name}: missing"
+    size = path.stat().st_size
+    if size != entry.bytes:
+        return f"{entry.name}: {size} bytes, the manifest says {entry.bytes}"
+    if sha256 and (digest := file_sha256(path)) != entry.sha256:
+        return f"{entry.name}: sha256 {digest[:16]}... differs from the manifest's {entry.sha256[:16]}..."
+    return None
 
 
 @dataclass(frozen=True)
