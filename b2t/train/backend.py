@@ -182,3 +182,20 @@ def select_pjrt_device() -> None:
 
 def _tpu_present() -> bool:
     return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+
+
+def describe(backend: Backend) -> str:
+    """The line b2t-train prints first: which device it found, e.g.
+    `device: xla:0 = TPU (TPU v5 lite), 4 devices on this host, PJRT_DEVICE=TPU; backend openxla`."""
+    if backend.xla:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        what = (f"{backend.device} = {xm.xla_device_hw(backend.device)} ({xm.xla_device_kind(backend.device)}), "
+                f"{xr.addressable_runtime_device_count()} devices on this host, "
+                f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
+    elif backend.device.type == "cuda":
+        what = f"{backend.device} = {torch.cuda.get_device_name(backend.device)}"
+    else:
+        what = f"{backend.device} (the host CPU, no XLA)"
+    return f"device: {what}; backend {backend.name}"
