@@ -1,0 +1,56 @@
+"""`--init-from`: a checkpoint's weights, day layers matched by session name, sizes checked by name."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from b2t.config import Config, ModelConfig, TrainConfig
+from b2t.import_baseline import import_baseline
+from b2t.model.decoder import GRUDecoder
+from b2t.train.checkpoint import load_checkpoint
+from b2t.train.init_from import InitError, init_from_checkpoint
+from tests.test_import_baseline import SESSIONS, SIZES, baseline_args, reference_model, save_release
+
+CFG = Config(model=ModelConfig(**SIZES), train=TrainConfig(backend="eager"))
+NEW = "t15.2023.09.01"
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A baseline release imported with b2t-import-baseline: (checkpoint, the model it holds)."""
+    root = tmp_path_factory.mktemp("baseline")
+    save_release(root / "release", reference_model(), baseline_args(SESSIONS))
+    report = import_baseline(root / "release", root / "imported.safetensors", base=CFG)
+    source = GRUDecoder(len(SESSIONS), CFG.model, xla=False)
+    load_checkpoint(report.output, source)
+    return report.output, source
+
+
+def test_known_days_keep_their_layers_and_a_new_day_starts_from_identity(imported):
+    path, source = imported
+    sessions = [SESSIONS[2], NEW, SESSIONS[0], SESSIONS[1]]  # another order and one extra session
+    torch.manual_seed(1)
+    model = GRUDecoder(len(sessions), CFG.model, xla=False)
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    report = init_from_checkpoint(path, model, sessions, CFG)
+    assert report.kept == [SESSIONS[2], SESSIONS[0], SESSIONS[1]] and report.new == [NEW]
+    for day, s in enumerate(sessions):
+        for k in ("day_weights", "day_biases"):
+            expected = fresh[k][day] if s == NEW else getattr(source, k)[SESSIONS.index(s)]
+            assert torch.equal(getattr(model, k)[day], expected), (k, s)
+    assert torch.equal(model.day_weights[1], torch.eye(512)), "a new session's day layer is the identity"
+    for k, v in source.state_dict().items():
+        if not k.startswith("day_"):
+            assert torch.equal(model.state_dict()[k], v), k
+
+
+def test_another_model_size_is_refused_by_name(imported):
+    path, _ = imported
+    cfg = dataclasses.replace(CFG, model=ModelConfig(**{**SIZES, "n_units": 32}))
+    model = GRUDecoder(1, cfg.model, xla=False)
+    with pytest.raises(InitError, match=r"gru\.weight_hh_l0 is \(72, 24\) in the checkpoint, \(96, 32\) here.*"
+                                        r"model\.n_units=24 in the checkpoint, 32 here"):
+        init_from_checkpoint(path, model, [SESSIONS[0]], cfg)
