@@ -127,5 +127,10 @@ class Manifest:
     def shards_of(self, split: str, epoch: int | None = None) -> list[ShardEntry]:
         return [s for s in self.shards if s.split == split and (epoch is None or s.epoch == epoch)]
 
+    def shard_problems(self, root: str | Path, splits: tuple[str, ...] = SPLITS, *, sha256: bool) -> list[str]:
+        """What is wrong on disk with the shards of `splits` (see `shard_problem`), one line each."""
+        found = (shard_problem(root, s, sha256=sha256) for s in self.shards if s.split in splits)
+        return [p for p in found if p is not None]
+
     def epochs(self, split: str = "train") -> list[int]:
         return sorted({s.epoch for s in self.shards_of(split)})
