@@ -14,24 +14,26 @@ log to `metrics.rank<r>.jsonl`).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from b2t.atomic import remove_stale_temps
 from b2t.config import Config
 from b2t.contract import empty_batch
 from b2t.data.loader import Batch, StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import Manifest
 from b2t.evaluate import decode_batches, summarize
 from b2t.model.decoder import GRUDecoder
-from b2t.train.backend import Backend, make_backend
+from b2t.train.backend import Backend, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
+from b2t.train.init_from import init_from_checkpoint
+from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, check_divisible, close_ddp, make_layout, wrap_ddp
 from b2t.train.step import Stepper
@@ -50,17 +52,8 @@ class RunOptions:
     progress: bool = True
     device: str | None = None
     devices: int | None = None  # data-parallel over this many devices (-1: all); None: one device
-
-
-class MetricsLog:
-    """JSON lines, appended and flushed per record so a killed run keeps what it logged."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, kind: str, **fields: Any) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+    init_from: Path | None = None  # a fresh run starts from this checkpoint's weights (b2t.train.init_from)
+    verify_data: bool = False  # sha256 of every shard against the manifest before training
 
 
 def check_compatible(manifest: Manifest, cfg: Config) -> None:
@@ -117,9 +110,7 @@ def validate(stepper: Stepper, dataset: Path, manifest: Manifest, cfg: Config) -
 def _check_same_readers(run_dir: Path, layout: Layout) -> None:
     """A resumed run skips `batches` batches of each reader's stream, which is only the same
     position in the data when the shards are split over as many readers as before."""
-    path = run_dir / METRICS
-    lines = path.read_text().splitlines() if path.exists() else []
-    before = [r["world"] for r in map(json.loads, lines) if r.get("kind") == "layout"]
+    before = [r["world"] for r in read_records(run_dir / METRICS) if r.get("kind") == "layout"]
     if before and before[-1] != layout.world:
         raise TrainingError(f"{run_dir} was trained with {before[-1]} data readers (hosts or torchrun processes), "
                             f"this run has {layout.world}: resume with {before[-1]}")
@@ -140,8 +131,13 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
     manifest = Manifest.load(dataset)
     check_compatible(manifest, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
     if (run_dir / LAST).exists() and not opts.resume:
         raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
+    if opts.resume and not (run_dir / LAST).exists():
+        tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
+        opts = replace(opts, resume=False)
+    check_shards(dataset, manifest, sha256=opts.verify_data)
     layout, mesh, rank_device = make_layout(cfg.train.backend, opts.devices)
     try:
         return _train(dataset, run_dir, manifest, cfg, opts, layout,
@@ -149,6 +145,18 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
     finally:
         if layout.kind == "ddp":
             close_ddp()
+
+
+def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
+    """Every train and val shard present with its manifest size (and, with `sha256`, digest)."""
+    t0 = time.perf_counter()
+    problems = manifest.shard_problems(dataset, ("train", "val"), sha256=sha256)
+    if problems:
+        raise TrainingError(f"{len(problems)} shards of {dataset} do not match its manifest ({'; '.join(problems[:3])}): "
+                            f"run b2t-preprocess verify {dataset}, then rerun b2t-preprocess to rewrite them")
+    if sha256:
+        tqdm.write(f"verified the sha256 of {len(manifest.shards_of('train')) + len(manifest.shards_of('val'))} "
+                   f"shards in {time.perf_counter() - t0:.1f} s")
 
 
 def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions,
@@ -162,7 +170,14 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
         _check_same_readers(run_dir, layout)
     state = (_resume_state(run_dir / LAST, model, optimizer, manifest, cfg) if opts.resume
              else TrainState(sessions=manifest.sessions, config=cfg.to_dict()))
-    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"))
+    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
+                     tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
+    if layout.is_main:
+        tqdm.write(describe(backend))
+    if opts.init_from is not None and not opts.resume:
+        init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg)
+        log.write("init", source=str(init.source), kept=init.kept, new=init.new)
+        tqdm.write(init.summary())
     stepper = Stepper(model, optimizer, backend, cfg, forward)
     has_val = bool(manifest.shards_of("val")) and layout.is_main
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
@@ -195,7 +210,9 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
                                     f"{run_dir / LAST if (run_dir / LAST).exists() else 'none'}")
             rate, o = window / (time.perf_counter() - t_window), cfg.optim
             log.write("train", step=state.step, loss=mean_loss, grad_norm=float(norm.cpu()), steps_per_s=rate,
-                      lr=lr_at(state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps), **backend.stats().to_dict())
+                      lr=lr_at(state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
+                      lr_day=lr_at(state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
+                      **backend.stats().to_dict())
             bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
             window, t_window = 0, time.perf_counter()
         if has_val and (state.step % cfg.train.val_every == 0 or last_step):
@@ -214,6 +231,7 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
                "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(manifest.buckets),
                "devices": layout.devices, "rank": layout.rank, "weights_sha256": weights_digest(model)}
     log.write("summary", **summary)
+    log.close()
     if opts.max_compiles is not None and final.compilations > opts.max_compiles:
         raise TrainingError(f"{final.compilations} XLA compilations exceed --max-compiles {opts.max_compiles} "
                             f"for {len(manifest.buckets)} buckets: see {run_dir / METRICS} for when they happened")

@@ -7,12 +7,25 @@ import dataclasses
 import pytest
 import torch
 
-from b2t.config import Config, ModelConfig, TrainConfig
+from b2t.config import Config, ModelConfig, TrainConfig, load_config
+from b2t.data.manifest import Manifest
 from b2t.import_baseline import import_baseline
 from b2t.model.decoder import GRUDecoder
 from b2t.train.checkpoint import load_checkpoint
 from b2t.train.init_from import InitError, init_from_checkpoint
-from tests.test_import_baseline import SESSIONS, SIZES, baseline_args, reference_model, save_release
+from b2t.train.loop import RunOptions, train
+from b2t.train.metrics_log import read_records
+from preprocess.synth import SynthSpec, write_dataset
+from preprocess.writer import prepare_dataset
+from tests.conftest import TINY_CONFIG
+from tests.test_import_baseline import (
+    SESSIONS,
+    SIZES,
+    ReferenceDecoder,
+    baseline_args,
+    reference_model,
+    save_release,
+)
 
 CFG = Config(model=ModelConfig(**SIZES), train=TrainConfig(backend="eager"))
 NEW = "t15.2023.09.01"
@@ -54,3 +67,24 @@ def test_another_model_size_is_refused_by_name(imported):
     with pytest.raises(InitError, match=r"gru\.weight_hh_l0 is \(72, 24\) in the checkpoint, \(96, 32\) here.*"
                                         r"model\.n_units=24 in the checkpoint, 32 here"):
         init_from_checkpoint(path, model, [SESSIONS[0]], cfg)
+
+
+def test_a_run_initialised_from_an_imported_baseline_trains_on_a_dataset_with_a_new_session(tmp_path):
+    sets = [f"model.{k}={v}" for k, v in SIZES.items()]
+    cfg = load_config(TINY_CONFIG, [*sets, "data.batch_size=8", "data.epochs=1", "train.backend=eager",
+                                    "train.steps=3", "train.log_every=1", "train.val_every=3"])
+    write_dataset(SynthSpec(sessions=3, train_trials=16, val_trials=4, test_trials=0, seed=2), tmp_path / "hdf5")
+    prepare_dataset(tmp_path / "hdf5", tmp_path / "shards", cfg, splits=("train", "val"), progress=False)
+    sessions = Manifest.load(tmp_path / "shards").sessions
+    torch.manual_seed(3)
+    baseline = ReferenceDecoder(2, **SIZES)  # trained on the first two sessions only
+    save_release(tmp_path / "release", baseline, baseline_args(sessions[:2]))
+    ckpt = import_baseline(tmp_path / "release", tmp_path / "imported.safetensors", base=cfg).output
+
+    summary = train(tmp_path / "shards", tmp_path / "run", cfg,
+                    RunOptions(progress=False, device="cpu", init_from=ckpt))
+    records = list(read_records(tmp_path / "run" / "metrics.jsonl"))
+    init = next(r for r in records if r["kind"] == "init")
+    assert init["kept"] == sessions[:2] and init["new"] == [sessions[2]]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert summary["steps"] == 3 and len(losses) == 3 and all(x is not None for x in losses)
