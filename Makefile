@@ -4,23 +4,25 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DEMO    ?= demo_out
+BENCH   ?= bench_out
 TARGET  ?= $(if $(wildcard /dev/accel0 /dev/vfio/0),tpu,cpu)
 ifeq ($(TARGET),tpu)
-EXTRAS  := test,tpu
+EXTRAS  := test,spmd,tpu
 export PJRT_DEVICE ?= TPU
 else ifeq ($(TARGET),cpu)
-EXTRAS  := test
+EXTRAS  := test,spmd
 export PJRT_DEVICE ?= CPU
 else
 $(error TARGET=$(TARGET): choose tpu or cpu)
 endif
 STAMP   := $(VENV)/.b2t-installed-$(TARGET)
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install demo test test-all lint bench clean
 
 install: $(STAMP)
 
 # Re-runs only when pyproject.toml changes (or .venv is missing): idempotent and quick.
+# The `spmd` extra (jax, torchax) is for XLA data-parallel runs; the suite tests them.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -42,12 +44,22 @@ demo: install
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split test \
 		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
 
-test: install
-	$(VENV)/bin/python -m pytest -q -m "not slow"
+lint: install
+	$(VENV)/bin/ruff check b2t preprocess tests tools
 
-# Also the slow end-to-end tests (kill -9 and resume, ...).
-test-all: install
-	$(VENV)/bin/python -m pytest -q
+# The default suite: every kind of test, the slow end-to-end twins left out (see README).
+test: lint
+	$(PY) -m pytest -q
+
+# Everything, the `slow` tests included.
+test-all: lint
+	$(PY) -m pytest -q -m "slow or not slow"
+
+# The figures of the README's Figures section (minutes on a 2-core machine).
+bench: install
+	mkdir -p $(BENCH)
+	$(PY) tools/bench_data.py --workdir $(BENCH)/data | tee $(BENCH)/bench_data.txt
+	$(PY) tools/bench_compile.py --out $(BENCH)/compile | tee $(BENCH)/bench_compile.txt
 
 clean:
-	rm -rf $(DEMO) .pytest_cache .hypothesis
+	rm -rf $(DEMO) $(BENCH) .pytest_cache .hypothesis

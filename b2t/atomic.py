@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-
 _TEMP_PREFIX, _TEMP_SUFFIX = ".", ".tmp"
 
 

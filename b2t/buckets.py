@@ -133,9 +133,9 @@ def bucket_table(
     """The bucket shapes for trials of `lengths` bins carrying `label_lens` phonemes."""
     Ts = choose_bucket_lengths(lengths, n_buckets, patch_size, patch_stride)
     longest = [0] * len(Ts)
-    for n, l in zip(lengths, label_lens):
+    for n, n_labels in zip(lengths, label_lens):
         b = bucket_index(n, Ts)
-        longest[b] = max(longest[b], l)
+        longest[b] = max(longest[b], n_labels)
     return [
         BucketShape(
             T=T,

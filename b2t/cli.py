@@ -9,8 +9,7 @@ from pathlib import Path
 import click
 
 from b2t.cli_errors import Command
-from b2t.config import Config, ConfigError, load_config
-from b2t.train.backend import BACKENDS, XLA_BACKENDS
+from b2t.config import BACKENDS, XLA_BACKENDS, Config, ConfigError, load_config
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -70,15 +69,17 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
     same as TensorBoard events); `b2t-report RUN_DIR` plots them into a PNG.
     """
     from b2t.train.loop import RunOptions, TrainingError, train
-    from b2t.train.parallel import parse_devices
+    from b2t.train.mesh import parse_devices
 
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
-        cfg = load_config(config_path, overrides)
         n_devices = parse_devices(devices, mesh)
+        if n_devices is not None:
+            overrides = (*overrides, f"mesh.data={n_devices}")
+        cfg = load_config(config_path, overrides)
         if plan:
-            click.echo(_plan_text(dataset, cfg, n_devices, device_memory))
+            click.echo(_plan_text(dataset, cfg, device_memory))
             return
         if device_memory is not None:
             raise ValueError("--device-memory is a --plan option")
@@ -86,8 +87,7 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
             raise ValueError("RUN_DIR is required (only --plan runs without one)")
         summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
                                                            progress=not no_progress, device=device,
-                                                           devices=n_devices, init_from=init_from,
-                                                           verify_data=verify_data))
+                                                           init_from=init_from, verify_data=verify_data))
     except (ConfigError, TrainingError, FileNotFoundError, ValueError) as e:
         fail(str(e))
     if summary["rank"] != 0:
@@ -98,29 +98,18 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
                f"host fallbacks: {json.dumps(final['fallbacks']) if final['fallbacks'] else 'none'}")
 
 
-def _plan_text(dataset: Path, cfg: Config, n_devices: int | None, device_memory: str | None) -> str:
-    """`--plan`: the memory plan for DATASET's buckets on the requested devices (no XLA start-up
-    unless --devices all has to count them)."""
+def _plan_text(dataset: Path, cfg: Config, device_memory: str | None) -> str:
+    """`--plan`: the memory plan for DATASET's buckets on the config's mesh (no XLA start-up
+    unless --devices all has to count the devices)."""
     from b2t.data.manifest import Manifest
+    from b2t.train.devices import device_count
     from b2t.train.plan import format_plan, parse_bytes, plan_memory
 
     manifest = Manifest.load(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
-    count = n_devices if n_devices not in (None, -1) else (_device_count(xla) if n_devices == -1 else 1)
+    count = device_count(xla) if cfg.mesh.data == -1 else cfg.mesh.data
     memory = parse_bytes(device_memory) if device_memory is not None else None
     plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count,
-                       spmd=xla and n_devices is not None, device_memory=memory)
+                       spmd=xla and cfg.mesh.data != 1, device_memory=memory)
     return format_plan(plan, cfg)
 
-
-def _device_count(xla: bool) -> int:
-    if xla:
-        from b2t.train.backend import select_pjrt_device
-
-        select_pjrt_device()
-        import torch_xla.runtime as xr
-
-        return xr.global_runtime_device_count()
-    import torch
-
-    return max(torch.cuda.device_count(), 1)

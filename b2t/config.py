@@ -8,6 +8,7 @@ lengths must fit the model's patching) and `b2t-train`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -19,7 +20,11 @@ from typing import Any
 
 import yaml
 
-from b2t.train.backend import BACKENDS
+BACKENDS = ("openxla", "xla", "inductor", "eager")
+"""How the step is compiled (`b2t.train.backend`): torch.compile on XLA, lazy whole-step XLA
+tracing, torch.compile with inductor (CUDA or CPU), or plain PyTorch."""
+XLA_BACKENDS = ("openxla", "xla")
+"""The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
 
 class ConfigError(ValueError):
@@ -53,20 +58,36 @@ class DataConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class GRUConfig:
+    """`model.gru`: the reference GRU decoder (family `gru`)."""
+
     n_units: int = 768  # GRU hidden size
     n_layers: int = 5  # GRU layers
-    patch_size: int = 14  # time bins per patch
-    patch_stride: int = 4  # bins between patch starts
-    input_dropout: float = 0.2  # after the day layer
     rnn_dropout: float = 0.4  # between GRU layers
 
     def __post_init__(self) -> None:
-        _require(self.n_units >= 1 and self.n_layers >= 1, "model.n_units and model.n_layers must be >= 1")
+        _require(self.n_units >= 1 and self.n_layers >= 1, "model.gru.n_units and model.gru.n_layers must be >= 1")
+        _require(0.0 <= self.rnn_dropout < 1.0, "model.gru.rnn_dropout must be in [0, 1)")
+
+
+MODEL_FAMILIES = ("gru",)
+"""Model families (`b2t.model.registry` builds each); `model.<family>` holds its sizes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    family: str = "gru"  # which model (b2t.model.registry); its sizes are in model.<family>
+    patch_size: int = 14  # time bins per patch (every family patches; the buckets are aligned to it)
+    patch_stride: int = 4  # bins between patch starts
+    input_dropout: float = 0.2  # after the day layer
+    gru: GRUConfig = field(default_factory=GRUConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.family in MODEL_FAMILIES,
+                 f"model.family={self.family!r}: choose one of {', '.join(MODEL_FAMILIES)}")
         _require(1 <= self.patch_stride <= self.patch_size,
                  f"model.patch_stride={self.patch_stride} must be in 1..patch_size={self.patch_size}")
-        for name in ("input_dropout", "rnn_dropout"):
-            _require(0.0 <= getattr(self, name) < 1.0, f"model.{name} must be in [0, 1)")
+        _require(0.0 <= self.input_dropout < 1.0, "model.input_dropout must be in [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,27 +144,41 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """How one process spreads a run over XLA devices (SPMD); recorded in checkpoints."""
+
+    data: int = 1  # devices each batch is split over along its rows; -1 = every device; 1 = one device
+
+    def __post_init__(self) -> None:
+        _require(self.data >= 1 or self.data == -1, f"mesh.data must be >= 1 or -1 (all devices), got {self.data}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
-
-
-_SECTION_CLASSES = {
-    "data": DataConfig, "model": ModelConfig, "augment": AugmentConfig,
-    "optim": OptimConfig, "train": TrainConfig,
-}
 
 
 def _unknown(kind: str, key: str, known: Iterable[str]) -> ConfigError:
     near = difflib.get_close_matches(key, list(known), n=1)
     hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known))}"
     return ConfigError(f"unknown {kind} {key!r}{hint}")
+
+
+def _section_fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _is_section(f: dataclasses.Field) -> bool:
+    """A field that is itself a section (e.g. `model.gru`): its default is a config dataclass."""
+    return f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
 
 
 def _fits(value: Any, tp: Any) -> bool:
@@ -174,50 +209,66 @@ def _type_name(tp: Any) -> str:
     return names.get(tp, f"a {getattr(tp, '__name__', tp)} mapping")
 
 
-def check_types(section: str, cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    """`values` checked against the declared types of `cls`'s fields (ints given for float
-    fields become floats); a mismatch raises ConfigError naming the key, value and type."""
-    hints = typing.get_type_hints(cls)
-    out = dict(values)
+def check_value(key: str, value: Any, tp: Any) -> Any:
+    """`value` for the field `key` declared as `tp` (an int given for a float field becomes a
+    float); a value of another type raises ConfigError naming the key, the value and the type."""
+    if not _fits(value, tp):
+        raise ConfigError(f"{key}={value!r} ({type(value).__name__}): expected {_type_name(tp)}")
+    accepted = typing.get_args(tp) or (tp,)
+    if isinstance(value, int) and not isinstance(value, bool) and float in accepted and int not in accepted:
+        return float(value)
+    return value
+
+
+def _build(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
+    """`cls` from a mapping, sub-sections built recursively; unknown keys raise ConfigError."""
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where or 'the config'} must be a mapping of keys, got {values!r}")
+    fields = _section_fields(cls)
+    hints = typing.get_type_hints(cls)  # the declared field types (the annotations are strings)
+    kwargs = {}
     for key, value in values.items():
-        tp = hints[key]
-        if not _fits(value, tp):
-            raise ConfigError(f"{section}.{key}={value!r} ({type(value).__name__}): expected {_type_name(tp)}")
-        accepted = typing.get_args(tp) or (tp,)
-        if isinstance(value, int) and not isinstance(value, bool) and float in accepted and int not in accepted:
-            out[key] = float(value)
-    return out
+        if key not in fields:
+            nested = [f"{n}.{key}" for n, f in fields.items() if _is_section(f) and key in _section_fields(f.default_factory)]
+            if nested:
+                raise ConfigError(f"unknown key in section {where!r} {key!r}: it belongs to a sub-section, "
+                                  f"write {where}.{nested[0]}")
+            kind = f"key in section {where!r}" if where else "config section"
+            raise _unknown(kind, key, fields)
+        f = fields[key]
+        name = f"{where}.{key}".lstrip(".")
+        kwargs[key] = _build(f.default_factory, value, name) if _is_section(f) else check_value(name, value, hints[key])
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"section {where!r}: {e}") from e
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:
     """Build a Config from nested dicts; unknown sections or keys raise ConfigError."""
-    sections = {}
-    for name, values in raw.items():
-        if name not in _SECTION_CLASSES:
-            raise _unknown("config section", name, _SECTION_CLASSES)
-        cls = _SECTION_CLASSES[name]
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = values or {}
-        for key in values:
-            if key not in known:
-                raise _unknown(f"key in section {name!r}", key, known)
-        values = check_types(name, cls, values)
-        try:
-            sections[name] = cls(**values)
-        except TypeError as e:
-            raise ConfigError(f"section {name!r}: {e}") from e
-    return Config(**sections)
+    return _build(Config, raw, "")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply `section.key=value` strings (values parsed as YAML scalars) to a raw dict."""
-    out = {k: dict(v or {}) for k, v in raw.items()}
+    """Apply `section.key=value` strings (also `section.sub.key=value`; values parsed as YAML
+    scalars) to a raw dict."""
+    out = copy.deepcopy(raw)
     for item in overrides:
         path, sep, value = item.partition("=")
-        section, dot, key = path.strip().partition(".")
-        if not sep or not dot or not key:
+        keys = [k.strip() for k in path.split(".")]
+        if not sep or len(keys) < 2 or not all(keys):
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
-        out.setdefault(section, {})[key] = yaml.safe_load(value)
+        node = out
+        for k in keys[:-1]:
+            child = node.get(k)
+            if child is None:
+                child = node[k] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {k!r} is a value, not a section")
+            node = child
+        node[keys[-1]] = yaml.safe_load(value)
     return out
 
 

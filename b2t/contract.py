@@ -5,24 +5,24 @@ and the tests all import this module, so a batch that leaves the writer is, by
 construction, one the compiled step has already seen. XLA compiles one graph per input
 shape and dtype; everything here exists to keep that set small and fixed.
 
+Besides the tensors, each batch carries JSON meta: its bucket, split, epoch and index, and
+per row the identity of the trial it holds (`RowMeta`, None for padding rows).
+
 Shape legend: B batch rows (fixed per bucket), T time bins (the bucket length),
 F = 512 features, L label width (fixed per bucket).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import torch
 
 FEATURE_DIM = 512
 """256 electrodes x (threshold crossings, spike-band power), 20 ms bins."""
-
-BLANK_ID = 0
-SILENCE_ID = 40
-N_CLASSES = 41
-"""CTC outputs: blank (0) plus phoneme classes 1..40 (40 is the word-boundary SIL)."""
 
 # --- dtype policy -------------------------------------------------------------------
 # Storage: features travel as bf16 (half the bytes of f32, and what the step computes
@@ -98,3 +98,50 @@ def empty_batch(shape: BucketShape, device: torch.device | str = "cpu") -> dict[
         name: torch.zeros(shape.field_shape(name), dtype=field.dtype, device=device)
         for name, field in FIELDS.items()
     }
+
+
+class RowMeta(TypedDict):
+    """Where one valid row of a batch came from (padding rows have None instead)."""
+
+    session: str  # e.g. t15.2023.08.13
+    block: int
+    trial: int
+    group: str  # HDF5 group name, e.g. trial_0007
+    file: str  # the source HDF5 file, relative to the preprocessed root
+    sentence: str | None  # the sentence label; None for test trials
+
+
+ROW_META_KEYS = frozenset(RowMeta.__annotations__)
+
+
+def check_rows(rows: list[RowMeta | None], valid: torch.Tensor) -> None:
+    """Raise ValueError unless the meta rows match the batch's valid mask and carry `RowMeta`'s keys."""
+    if [r is not None for r in rows] != valid.tolist():
+        raise ValueError("meta rows disagree with the valid mask")
+    for i, r in enumerate(rows):
+        if r is not None and set(r) != ROW_META_KEYS:
+            raise ValueError(f"meta row {i} has keys {sorted(r)}, the contract says {sorted(ROW_META_KEYS)}")
+
+
+TRIAL_GROUP = re.compile(r"trial_(\d+)")
+"""HDF5 trial group names: trial_0000, trial_0001, ... (zero-padded; wider past 9999)."""
+
+
+def trial_number(group: str) -> int:
+    """The trial's place in its file, from its group name: the one trial order (files and competition ids)."""
+    m = TRIAL_GROUP.fullmatch(group)
+    if m is None:
+        raise ValueError(f"{group!r} is not a trial group name (trial_NNNN)")
+    return int(m.group(1))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One decoded batch: contract tensors (on the host until moved), its bucket index and meta."""
+
+    bucket: int
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.bucket, {k: v.to(device) for k, v in self.tensors.items()}, self.meta)

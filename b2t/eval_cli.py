@@ -22,19 +22,10 @@ import click
 from b2t.atomic import atomic_write_text
 from b2t.cli import config_option, fail, set_option
 from b2t.cli_errors import Command
-from b2t.config import ConfigError, load_config
+from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
 from b2t.data.manifest import SPLITS, Manifest
-from b2t.evaluate import (
-    EvalSummary,
-    Evaluator,
-    TrialResult,
-    WordRecipe,
-    decode_words,
-    excluded_trials,
-    submission_rows,
-    summarize,
-)
-from b2t.train.backend import BACKENDS, XLA_BACKENDS
+from b2t.decoding import EvalSummary, TrialResult, summarize
+from b2t.evaluate import Evaluator, WordRecipe, decode_words, excluded_trials, submission_rows
 from b2t.words.beam import BeamOptions
 from b2t.words.lexicon import LexiconError
 

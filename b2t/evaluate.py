@@ -1,138 +1,47 @@
-"""Evaluation over every batch of a split: greedy phonemes, optional words, PER and WER.
+"""A checkpoint over a split: the competition's order, words, and the `Evaluator`.
 
-The trainer's validation uses `decode_batches` + `summarize` (greedy PER). `b2t-eval` adds
-an `Evaluator` that rebuilds a checkpoint's model, compiles each bucket's eval graph once
-before the split, returns the trials in the competition's id order and, with a lexicon,
-decodes words in parallel worker processes.
-
-Per batch there is one device->host transfer: the greedy (B, P) ids, lengths and per-row
-losses, plus the (B, P, C) f32 log-probabilities when words are decoded. Padding rows
-(`valid` false) are skipped.
+`b2t-eval` builds an `Evaluator` that rebuilds a checkpoint's model, compiles each bucket's
+eval graph once before the split, decodes every trial (`b2t.decoding`, shared with the
+trainer's validation), returns the trials in the competition's id order and, with a
+lexicon, decodes words in parallel worker processes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from b2t.config import Config, config_from_dict
-from b2t.contract import empty_batch
-from b2t.data.loader import Batch, StreamConfig, eval_batches
+from b2t.contract import trial_number
+from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import Manifest
-from b2t.metrics import ErrorRate, edit_distance, greedy_decode, words_of
-from b2t.model.decoder import GRUDecoder
-from b2t.phonemes import phoneme_string
+from b2t.decoding import TrialResult, decode_batches
+from b2t.model.registry import build_model
+from b2t.text import normalize_text
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
-from b2t.train.step import Stepper
+from b2t.train.step import Stepper, WarmUpReport
 from b2t.words.beam import BeamOptions, WordDecoder
-from b2t.words.lexicon import cmu_lexicon, load_lexicon, normalize_text
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    session: str
-    block: int
-    trial: int
-    group: str  # HDF5 group name, e.g. trial_0007 (its number is the trial's place in the file)
-    phonemes: list[int]  # greedy decode
-    reference: list[int]  # empty for test trials
-    loss: float  # CTC negative log-likelihood (0 for test trials)
-    edits: int
-    sentence: str | None = None  # the sentence label; None for test trials
-    log_probs: np.ndarray | None = field(default=None, repr=False, compare=False)  # (P, C) f32, valid frames only
-    words: str | None = None  # decoded text, when words were decoded
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "session": self.session, "block": self.block, "trial": self.trial, "group": self.group,
-            "phonemes": phoneme_string(self.phonemes), "reference": phoneme_string(self.reference),
-            "edits": self.edits if self.reference else None, "loss": self.loss,
-            "words": self.words, "sentence": self.sentence,
-        }
-        if self.words is not None and self.sentence is not None:
-            d["word_edits"] = edit_distance(words_of(self.words), words_of(self.sentence))
-        return d
-
-
-@dataclass
-class EvalSummary:
-    per: ErrorRate
-    loss: float  # mean CTC loss over labelled trials
-    n_trials: int
-    wer: ErrorRate | None = None  # when words were decoded for labelled trials
-
-    def to_dict(self) -> dict[str, Any]:
-        per = self.per.rate()
-        d = {"per": None if math.isnan(per) else per, "loss": self.loss, "n_trials": self.n_trials,
-             "per_session": self.per.to_dict()}
-        if self.wer is not None:
-            d.update(wer=self.wer.rate(), wer_session=self.wer.to_dict())
-        return d
-
-
-def decode_batches(stepper: Stepper, batches: Iterable[Batch], *, log_probs: bool = False) -> Iterator[TrialResult]:
-    """Every valid row of `batches`, greedy-decoded, in stream order.
-
-    log_probs: also keep each trial's (P, C) log-probabilities (runs `Stepper.log_probs_step`).
-    """
-    for batch in batches:
-        step = stepper.log_probs_step if log_probs else stepper.eval_step
-        nll, ids, out_lens, *rest = (x.cpu() for x in step(batch))  # the stepper places the batch
-        hyps = greedy_decode(ids, out_lens)
-        frames = rest[0].numpy() if log_probs else None  # (B, P, C) f32
-        valid = batch.tensors["valid"].tolist()
-        labels, label_lens = batch.tensors["seq_class_ids"].tolist(), batch.tensors["phone_seq_lens"].tolist()
-        for r, row in enumerate(batch.meta["rows"]):
-            if not valid[r]:
-                continue
-            ref = labels[r][: label_lens[r]]
-            yield TrialResult(
-                session=row["session"], block=int(row["block"]), trial=int(row["trial"]), group=row["group"],
-                phonemes=hyps[r], reference=ref, loss=float(nll[r]) if ref else 0.0,
-                edits=edit_distance(hyps[r], ref), sentence=row.get("sentence"),
-                log_probs=None if frames is None else frames[r, : int(out_lens[r])].copy(),
-            )
-
-
-def summarize(results: Iterable[TrialResult]) -> EvalSummary:
-    """PER (and WER where words were decoded) per session and aggregate, as the competition scores."""
-    per, wer, loss, labelled, worded, n = ErrorRate(), ErrorRate(), 0.0, 0, 0, 0
-    for res in results:
-        n += 1
-        if res.reference:
-            per.add(res.session, res.phonemes, res.reference)
-            loss += res.loss
-            labelled += 1
-        if res.words is not None and res.sentence is not None:
-            wer.add(res.session, words_of(res.words), words_of(res.sentence))
-            worded += 1
-    return EvalSummary(per=per, loss=loss / max(labelled, 1), n_trials=n, wer=wer if worded else None)
-
+from b2t.words.lexicon import cmu_lexicon, load_lexicon
 
 # --- the competition's order ----------------------------------------------------------
 
-def trial_order_key(sessions: Sequence[str]) -> Callable[[str, str], tuple[int, int, str]]:
-    """Sort key of (session, HDF5 group): sessions in day-index order, then the file's trial order.
-
-    Group names are zero-padded (`trial_0007`), compared by length first so `trial_10000`
-    would still follow `trial_9999`.
-    """
+def trial_order_key(sessions: Sequence[str]) -> Callable[[str, str], tuple[int, int]]:
+    """Sort key of (session, HDF5 group): sessions in day-index order, then the file's trial
+    order (`b2t.contract.trial_number`, the order b2t-preprocess reads a file in)."""
     day = {s: i for i, s in enumerate(sessions)}
 
-    def key(session: str, group: str) -> tuple[int, int, str]:
+    def key(session: str, group: str) -> tuple[int, int]:
         if session not in day:
             raise ValueError(f"trial {group} of session {session!r} is not in the session list {list(sessions)}")
-        return day[session], len(group), group
+        return day[session], trial_number(group)
 
     return key
 
@@ -252,7 +161,7 @@ class Evaluator:
             raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
         self.cfg: Config = config_from_dict(self.state.config)
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
-        model = GRUDecoder(len(self.state.sessions), self.cfg.model, xla=backend.xla)
+        model = build_model(self.cfg.model, len(self.state.sessions), backend.xla)
         load_checkpoint(self.path, model)
         model = model.to(backend.device)
         # never stepped: the Stepper wants one, and its eval graphs are the ones training validates with
@@ -275,18 +184,12 @@ class Evaluator:
         )
 
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
-        """Compile each bucket's eval graphs on an all-padding batch, before any real batch.
-
-        The batch is made on the host and placed by the stepper like every real batch: a batch
-        created on an XLA device is a constant inside the traced graph, so it would compile
-        another graph. Each bucket runs twice: under openxla a shape's second call still compiles one
-        more graph (measured on XLA:CPU: 7 graphs on the first call, 1 on the second, then none).
-        """
-        step = self.stepper.log_probs_step if log_probs else self.stepper.eval_step
-        for i, shape in enumerate(tqdm(manifest.buckets, desc="compiling eval graphs", unit="bucket",
-                                       disable=not progress, dynamic_ncols=True)):
-            for _ in range(2):
-                step(Batch(i, empty_batch(shape), {}))
+        """Compile each bucket's eval graph before any real batch (`Stepper.warm_up`, the
+        recipe training uses too)."""
+        with tqdm(total=0, bar_format="{desc}", disable=not progress, dynamic_ncols=True) as bar:
+            report = WarmUpReport(bar)
+            self.stepper.warm_up(manifest.buckets, report, log_probs=log_probs)
+            report("")
 
     def run(self, dataset: str | Path, split: str, *, log_probs: bool = False,
             progress: bool = True) -> tuple[list[TrialResult], CompileCount]:
@@ -300,5 +203,6 @@ class Evaluator:
         n_batches = sum(s.n_batches for s in manifest.shards_of(split))
         batches = tqdm(stream, total=n_batches, desc=f"{split} batches", unit="batch",
                        disable=not progress, dynamic_ncols=True)
-        results = competition_order(decode_batches(self.stepper, batches, log_probs=log_probs), manifest.sessions)
+        step = self.stepper.log_probs_step if log_probs else self.stepper.eval_step
+        results = competition_order(decode_batches(step, batches), manifest.sessions)
         return results, CompileCount(before, warm, self.backend.stats())

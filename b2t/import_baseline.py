@@ -1,6 +1,6 @@
 """The public baseline's pretrained checkpoint -> a b2t checkpoint (evaluate it, compare, fine-tune).
 
-The release (../shared/docs/reference-baseline.md) is `checkpoint/best_checkpoint`, a
+The release (docs/reference-baseline.md) is `checkpoint/best_checkpoint`, a
 `torch.save` of {model_state_dict, optimizer_state_dict, scheduler_state_dict, val_PER,
 val_loss} whose weights carry torch.compile's `_orig_mod.` prefix and one
 `day_weights.<d>` / `day_biases.<d>` per day, with `args.yaml` beside it (model sizes under
@@ -30,13 +30,12 @@ import yaml
 
 from b2t.config import Config, config_from_dict
 from b2t.data.manifest import MANIFEST_NAME, Manifest
-from b2t.model.decoder import GRUDecoder, from_reference_state_dict
+from b2t.model.reference import from_reference_state_dict, reference_shapes, strip_compile_prefix
+from b2t.model.registry import build_model
 from b2t.train.checkpoint import TrainState, save_checkpoint
 
 CHECKPOINT_NAME = "best_checkpoint"
 ARGS_NAME = "args.yaml"
-COMPILE_PREFIX = "_orig_mod."
-DAY_KEYS = ("day_weights", "day_biases")
 
 
 class BaselineError(ValueError):
@@ -98,11 +97,11 @@ def _get(args: Mapping[str, Any], path: str) -> Any:
 
 _ARGS_TO_CONFIG: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
     # (args.yaml path, our section.key, conversion)
-    ("model.n_units", "model.n_units", int),
-    ("model.n_layers", "model.n_layers", int),
+    ("model.n_units", "model.gru.n_units", int),
+    ("model.n_layers", "model.gru.n_layers", int),
     ("model.patch_size", "model.patch_size", int),
     ("model.patch_stride", "model.patch_stride", int),
-    ("model.rnn_dropout", "model.rnn_dropout", float),
+    ("model.rnn_dropout", "model.gru.rnn_dropout", float),
     ("model.input_network.input_layer_dropout", "model.input_dropout", float),
     ("dataset.data_transforms.white_noise_std", "augment.white_noise_std", float),
     ("dataset.data_transforms.constant_offset_std", "augment.constant_offset_std", float),
@@ -138,8 +137,11 @@ def config_from_args(args: Mapping[str, Any], base: Config) -> Config:
     for path, target, convert in _ARGS_TO_CONFIG:
         value = _get(args, path)
         if value is not None:
-            section, key = target.split(".")
-            raw[section][key] = convert(value)
+            *sections, key = target.split(".")
+            node = raw
+            for section in sections:
+                node = node[section]
+            node[key] = convert(value)
     if _get(args, "dataset.data_transforms.smooth_data") is False:
         raw["augment"]["smooth_std"] = 0.0
     return config_from_dict(raw)
@@ -166,17 +168,6 @@ def args_sessions(args: Mapping[str, Any], where: str | Path) -> list[str] | Non
     if not isinstance(sessions, list) or not sessions:
         raise BaselineError(f"{where}: dataset.sessions must be a non-empty list of session names")
     return [str(s) for s in sessions]
-
-
-def _expected_reference_shapes(model: GRUDecoder, n_days: int) -> dict[str, tuple[int, ...]]:
-    """The baseline's key -> shape for a model of `model`'s sizes with `n_days` day layers."""
-    shapes = {}
-    for key, value in model.state_dict().items():
-        if key in DAY_KEYS:
-            shapes.update({f"{key}.{d}": tuple(value.shape[1:]) for d in range(n_days)})
-        else:
-            shapes[key] = tuple(value.shape)
-    return shapes
 
 
 def check_reference_keys(state: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]],
@@ -235,18 +226,17 @@ def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str 
     target = target or baseline_sessions
 
     ckpt = load_baseline(ckpt_file)
-    state = {k.removeprefix(COMPILE_PREFIX): v for k, v in ckpt["model_state_dict"].items()}
-    model = GRUDecoder(len(target), cfg.model, xla=False)
+    state = strip_compile_prefix(ckpt["model_state_dict"])
+    if cfg.model.family != "gru":
+        raise BaselineError(f"the baseline is a GRU decoder: use model.family=gru, not {cfg.model.family!r}")
+    model = build_model(cfg.model, len(target), xla=False)
     source = str(args_file) if args is not None else "the b2t config"
-    m = cfg.model
-    where = (f"{ckpt_file} (for a model of {m.n_layers} x {m.n_units} units, patches {m.patch_size}/{m.patch_stride}, "
+    m, g = cfg.model, cfg.model.gru
+    where = (f"{ckpt_file} (for a model of {g.n_layers} x {g.n_units} units, patches {m.patch_size}/{m.patch_stride}, "
              f"{len(baseline_sessions)} days; sizes from {source})")
-    check_reference_keys(state, _expected_reference_shapes(model, len(baseline_sessions)), where)
+    check_reference_keys(state, reference_shapes(model, len(baseline_sessions)), where)
 
-    weights = from_reference_state_dict(state)
-    days = torch.tensor(day_mapping(baseline_sessions, target), dtype=torch.int64, device="cpu")
-    for key in DAY_KEYS:
-        weights[key] = weights[key].index_select(0, days)  # (n_target, ...) in target order
+    weights = from_reference_state_dict(state, day_mapping(baseline_sessions, target))  # target's day order
     model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()})
 
     val_per = ckpt.get("val_PER")

@@ -3,12 +3,11 @@
 The argmax over classes runs on the device; what reaches the host is a small (B, P) int
 array of frame ids plus lengths. Error rates aggregate as the competition scores them:
 total edits over total reference length (not a mean of per-trial rates), per group
-(session) and overall. WER reuses the same accumulator on word lists (`words_of`).
+(session) and overall. WER reuses the same accumulator on word lists (`b2t.text.words_of`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 from rapidfuzz.distance import Levenshtein
 
-from b2t.contract import BLANK_ID
+from b2t.phonemes import BLANK_ID
 
 
 def _host_ints(x: torch.Tensor | np.ndarray | Sequence[int]) -> np.ndarray:
@@ -48,22 +47,6 @@ def greedy_decode(frame_ids: torch.Tensor | np.ndarray,
 def edit_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     """Levenshtein distance (insertions, deletions, substitutions, each costing 1)."""
     return int(Levenshtein.distance(list(a), list(b)))
-
-
-_SEPARATORS = re.compile(r"[-\u2010-\u2015]")  # hyphens and dashes separate words
-_NOT_KEPT = re.compile(r"[^a-z' ]")
-
-
-def words_of(text: str) -> list[str]:
-    """Words of a sentence as the competition scores them: lower case, no punctuation but apostrophes.
-
-    Hyphens and dashes split words ("well-known" -> "well", "known"); every other character
-    that is not a letter, an apostrophe or white space is removed ("U.S." -> "us"); words made
-    of apostrophes only are dropped.
-    """
-    text = _SEPARATORS.sub(" ", text.lower())
-    text = _NOT_KEPT.sub("", " ".join(text.split()))
-    return [w for w in text.split() if w.strip("'")]
 
 
 @dataclass

@@ -1,10 +1,12 @@
-"""The 41 CTC output classes of the Brain-to-Text '25 data and their printed forms."""
+"""The phoneme vocabulary: the 41 CTC output classes of the Brain-to-Text '25 data, ids and names.
+
+Index 0 is the CTC blank, 1..39 are ARPAbet phonemes and 40 is SIL, the silence between
+words (printed as the word boundary `|`). Every id or name used elsewhere comes from here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-
-from b2t.contract import BLANK_ID, N_CLASSES, SILENCE_ID
 
 PHONEMES: tuple[str, ...] = (
     "BLANK",
@@ -13,8 +15,10 @@ PHONEMES: tuple[str, ...] = (
     "L", "M", "N", "NG", "OW", "OY", "P", "R", "S", "SH",
     "T", "TH", "UH", "UW", "V", "W", "Y", "Z", "ZH", "SIL",
 )
-assert len(PHONEMES) == N_CLASSES and PHONEMES[BLANK_ID] == "BLANK" and PHONEMES[SILENCE_ID] == "SIL"
-
+N_CLASSES = len(PHONEMES)
+"""CTC outputs: blank plus phoneme classes 1..40."""
+BLANK_ID = PHONEMES.index("BLANK")
+SILENCE_ID = PHONEMES.index("SIL")
 PHONEME_IDS: dict[str, int] = {p: i for i, p in enumerate(PHONEMES)}
 
 

@@ -1,6 +1,6 @@
 """Reading the Brain-to-Text '25 HDF5 tree: find the sessions, validate every trial, re-read features.
 
-The layout is ../shared/docs/data-format.md. `scan_file` checks, for every trial, all that the
+The layout is docs/data-format.md. `scan_file` checks, for every trial, all that the
 shard writer relies on (features included, read in chunks so a file never sits in memory
 whole), so bad data is reported with its file and trial group before any shard is written,
 never discovered half way or padded over. With `skip_bad` a bad trial becomes an
@@ -16,7 +16,6 @@ moved or renamed, so which day it belongs to is unclear).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,12 +27,12 @@ import h5py
 import numpy as np
 import torch
 
-from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, SILENCE_ID
+from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, TRIAL_GROUP, trial_number
 from b2t.data.manifest import SPLITS, Exclusion, file_sha256
+from b2t.phonemes import SILENCE_ID
 from preprocess.trials import DataError, TrialRef
 
 SPLIT_FILES: dict[str, str] = {split: f"data_{split}.hdf5" for split in SPLITS}
-TRIAL_GROUP = re.compile(r"trial_\d+")
 CHECK_ROWS = 2048
 """Feature rows read at a time by the NaN/Inf check (4 MiB of float32)."""
 
@@ -118,7 +117,7 @@ def _trial_names(f: h5py.File, path: Path) -> list[str]:
     for name in f:
         if not TRIAL_GROUP.fullmatch(name):
             raise DataError(path, name, "unexpected top-level object (a file holds only trial_NNNN groups)")
-    return sorted(f, key=lambda name: int(name.removeprefix("trial_")))
+    return sorted(f, key=trial_number)
 
 
 def _scan_trial(f: h5py.File, path: Path, name: str, split: str, session: str, day_index: int) -> TrialRef:

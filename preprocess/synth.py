@@ -1,7 +1,7 @@
 """`b2t-synth`: a synthetic dataset in exactly the Brain-to-Text '25 HDF5 layout.
 
 No machine here can download the real data, yet the preprocessor, the trainer, the demo and
-the tests need files in its exact layout (../shared/docs/data-format.md) holding structure a
+the tests need files in its exact layout (docs/data-format.md) holding structure a
 decoder can learn: sentences come from a seeded word bigram model over a built-in vocabulary
 (so an n-gram LM has something to learn too), each phoneme has its own 512-channel pattern
 held for a few bins plus noise, and each session mixes and shifts the channels its own way
@@ -31,8 +31,8 @@ import h5py
 import numpy as np
 
 from b2t.cli_errors import Command
-from b2t.contract import FEATURE_DIM, N_CLASSES, SILENCE_ID
-from b2t.phonemes import PHONEME_IDS, PHONEMES
+from b2t.contract import FEATURE_DIM
+from b2t.phonemes import N_CLASSES, PHONEME_IDS, PHONEMES, SILENCE_ID
 from preprocess.hdf5_source import SPLIT_FILES
 
 LABEL_WIDTH = 500

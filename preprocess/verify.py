@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from b2t.contract import BucketShape, check_batch
+from b2t.contract import BucketShape, check_batch, check_rows
 from b2t.data.manifest import Manifest, ShardEntry, shard_problem
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample
@@ -48,8 +48,10 @@ def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape
         return [str(e)]
     valid, lengths, labels = tensors["valid"], tensors["n_time_steps"], tensors["phone_seq_lens"]
     problems = []
-    if len(meta["rows"]) != shape.B or [r is not None for r in meta["rows"]] != valid.tolist():
-        problems.append("meta rows disagree with the valid mask")
+    try:
+        check_rows(meta["rows"], valid)
+    except ValueError as e:
+        problems.append(str(e))
     if bool(((lengths < 1) | (lengths > shape.T))[valid].any()) or bool(lengths[~valid].any()):
         problems.append(f"n_time_steps outside 1..T={shape.T} in a valid row, or nonzero in a padding row")
     if bool((labels > shape.L).any()) or bool(labels[~valid].any()):

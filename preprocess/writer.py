@@ -33,9 +33,9 @@ import torch
 from tqdm import tqdm
 from webdataset import TarWriter
 
-from b2t.config import Config
-from b2t.contract import INDEX_DTYPE, BucketShape, check_batch, empty_batch
 from b2t.atomic import atomic_file, atomic_write_text, is_temp_name, remove_stale_temps
+from b2t.config import Config
+from b2t.contract import INDEX_DTYPE, BucketShape, RowMeta, check_batch, empty_batch
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
 from preprocess.batching import BatchPlan, Layout, plan_layout
@@ -85,9 +85,9 @@ def batch_tensors(plan: BatchPlan, shape: BucketShape, features: Sequence[np.nda
     return batch
 
 
-def trial_identity(ref: TrialRef, files: Mapping[str, str]) -> dict[str, Any]:
-    return {"session": ref.session, "block": ref.block, "trial": ref.trial, "group": ref.group,
-            "file": files[ref.file], "sentence": ref.sentence}
+def trial_identity(ref: TrialRef, files: Mapping[str, str]) -> RowMeta:
+    return RowMeta(session=ref.session, block=ref.block, trial=ref.trial, group=ref.group,
+                   file=files[ref.file], sentence=ref.sentence)
 
 
 def batch_meta(plan: BatchPlan, index: int, files: Mapping[str, str]) -> dict[str, Any]:

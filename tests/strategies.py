@@ -6,7 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from b2t.buckets import align_length
-from b2t.config import DataConfig, ModelConfig
+from b2t.config import DataConfig, GRUConfig, ModelConfig
 from b2t.data.manifest import SPLITS
 from preprocess.trials import TrialRef
 
@@ -126,5 +126,5 @@ def ctc_batches(draw, *, shapes: tuple[tuple[int, ...], ...] = CTC_SHAPES) -> di
 def model_configs(draw, max_units: int = 96, max_layers: int = 4) -> ModelConfig:
     """Small GRU decoder shapes: any size, depth and patching."""
     patching = draw(patchings())
-    return ModelConfig(n_units=draw(st.integers(1, max_units)), n_layers=draw(st.integers(1, max_layers)),
-                       patch_size=patching.patch_size, patch_stride=patching.patch_stride)
+    gru = GRUConfig(n_units=draw(st.integers(1, max_units)), n_layers=draw(st.integers(1, max_layers)))
+    return ModelConfig(patch_size=patching.patch_size, patch_stride=patching.patch_stride, gru=gru)

@@ -16,7 +16,7 @@ from b2t.cli import train_main
 from b2t.cli_errors import os_error_line
 from b2t.config import load_config
 from b2t.eval_cli import eval_main, import_main
-from b2t.model.decoder import GRUDecoder
+from b2t.model.registry import build_model
 from b2t.train.checkpoint import TrainState, save_checkpoint
 from b2t.words.cli import main as lm_main
 from preprocess.cli import main as preprocess_main
@@ -68,7 +68,7 @@ def test_lm_output_under_a_file(a_file, tmp_path):
 
 def test_eval_dataset_manifest_unreadable(tmp_path):
     cfg = load_config(TINY_CONFIG, ["train.backend=eager"])
-    model = GRUDecoder(2, cfg.model, xla=False)
+    model = build_model(cfg.model, 2, xla=False)
     ckpt = save_checkpoint(tmp_path / "c.safetensors", model, None,
                            TrainState(sessions=["s0", "s1"], config=cfg.to_dict()))
     dataset = tmp_path / "dataset"

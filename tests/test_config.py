@@ -17,7 +17,7 @@ def test_shipped_configs_load(name):
 
 def test_baseline_is_the_reference_recipe():
     cfg = load_config(CONFIGS / "baseline.yaml")
-    assert (cfg.model.n_units, cfg.model.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (768, 5, 14, 4)
+    assert (cfg.model.gru.n_units, cfg.model.gru.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (768, 5, 14, 4)
     assert (cfg.data.batch_size, cfg.data.days_per_batch) == (64, 4)
     assert (cfg.optim.lr, cfg.optim.lr_min, cfg.optim.eps, cfg.optim.weight_decay) == (0.005, 0.0001, 0.1, 0.001)
     assert (cfg.optim.warmup_steps, cfg.optim.decay_steps, cfg.optim.grad_clip) == (1000, 120_000, 10.0)
@@ -63,6 +63,7 @@ def test_invalid_values_say_how_to_fix(override, message):
     ("optim.lr=true", r"optim\.lr=True \(bool\): expected a number"),
     ("data.token_budget=1.5", r"data\.token_budget=1\.5 \(float\): expected an integer or null"),
     ("train.backend=3", r"train\.backend=3 \(int\): expected a string"),
+    ("model.gru.n_units=2.5", r"model\.gru\.n_units=2\.5 \(float\): expected an integer"),
 ])
 def test_values_are_checked_against_the_declared_types(override, message):
     with pytest.raises(ConfigError, match=message):

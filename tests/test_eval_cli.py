@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from b2t.data.manifest import Manifest
 from b2t.eval_cli import eval_main
-from b2t.words.lexicon import normalize_text
+from b2t.text import normalize_text
 
 if TYPE_CHECKING:
     from tests.fixtures import TrainedRun

@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 
 from b2t.data.manifest import Manifest
-from b2t.evaluate import (
-    Evaluator,
-    TrialResult,
-    WordRecipe,
-    competition_order,
-    decode_words,
-    submission_rows,
-    summarize,
-)
+from b2t.decoding import TrialResult, summarize
+from b2t.evaluate import Evaluator, WordRecipe, competition_order, decode_words, submission_rows
 
 if TYPE_CHECKING:
     from tests.fixtures import TrainedRun

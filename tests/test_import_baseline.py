@@ -1,6 +1,6 @@
 """`b2t-import-baseline`: a checkpoint in the public baseline's exact format -> our checkpoint.
 
-The reference model is written here from ../shared/docs/reference-baseline.md (per-day
+The reference model is written here from docs/reference-baseline.md (per-day
 ParameterList, `Tensor.unfold` patching, torch's GRU, learnable h0, linear output), wrapped
 in torch.compile as the baseline is (keys gain `_orig_mod.`) and saved as its trainer does
 (torch.save of a dict with optimizer and scheduler state, val_PER and an np.float64 val_loss).
@@ -20,11 +20,12 @@ from click.testing import CliRunner
 from torch import nn
 from torch.nn.modules.rnn import GRU as TorchGRU  # `import torch_xla` rebinds nn.GRU to a CPU-less class
 
-from b2t.config import Config, ModelConfig
+from b2t.config import Config, config_from_dict
 from b2t.data.manifest import Manifest
 from b2t.eval_cli import import_main
 from b2t.import_baseline import BaselineError, config_from_args, import_baseline
-from b2t.model.decoder import GRUDecoder
+from b2t.model.decoder import CTC_HEAD, GRUDecoder
+from b2t.model.registry import build_model
 from b2t.train.checkpoint import load_checkpoint
 
 CPU = torch.device("cpu")
@@ -121,7 +122,7 @@ def load_ours(path: Path) -> tuple[GRUDecoder, list[str]]:
 
     _, meta = read_checkpoint(path)
     cfg = meta["state"]["config"]["model"]
-    model = GRUDecoder(len(meta["state"]["sessions"]), ModelConfig(**cfg), xla=False)
+    model = build_model(config_from_dict({"model": cfg}).model, len(meta["state"]["sessions"]), xla=False)
     load_checkpoint(path, model)
     return model.eval(), meta["state"]["sessions"]
 
@@ -141,7 +142,7 @@ def test_imported_baseline_gives_the_reference_logits(tmp_path):
     x, days = features(), torch.tensor([2, 0, 1], dtype=torch.int64, device=CPU)
     with torch.no_grad():
         want = ref(x, days)
-        got = ours(x, days.to(torch.int32))
+        got = ours(x, days.to(torch.int32))[CTC_HEAD]
     assert got.shape == want.shape == (3, (41 - 6) // 3 + 1, 41)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
@@ -157,7 +158,7 @@ def test_day_layers_follow_the_target_dataset_session_list(tmp_path):
     x = features(n_rows=2)
     with torch.no_grad():
         want = ref(x, torch.tensor([2, 0], dtype=torch.int64, device=CPU))
-        got = ours(x, torch.tensor([0, 1], dtype=torch.int32, device=CPU))
+        got = ours(x, torch.tensor([0, 1], dtype=torch.int32, device=CPU))[CTC_HEAD]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -199,8 +200,8 @@ def test_objects_beyond_tensors_and_plain_data_are_not_unpickled(tmp_path):
 
 def test_args_yaml_sets_model_augmentation_and_recipe():
     cfg = config_from_args(baseline_args(), Config())
-    assert (cfg.model.n_units, cfg.model.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (24, 2, 6, 3)
-    assert (cfg.model.rnn_dropout, cfg.model.input_dropout) == (0.4, 0.2)
+    assert (cfg.model.gru.n_units, cfg.model.gru.n_layers, cfg.model.patch_size, cfg.model.patch_stride) == (24, 2, 6, 3)
+    assert (cfg.model.gru.rnn_dropout, cfg.model.input_dropout) == (0.4, 0.2)
     assert (cfg.augment.max_start_cut, cfg.augment.smooth_std) == (2, 2.0)  # random_cut 3 draws 0..2
     assert (cfg.optim.eps, cfg.train.steps, cfg.train.seed, cfg.data.days_per_batch) == (0.1, 120000, 10, 4)
     with pytest.raises(BaselineError, match=r"dataset\.n_classes=40"):
@@ -214,7 +215,8 @@ def test_without_args_yaml_the_sessions_and_sizes_must_be_given(tmp_path):
         import_baseline(ckpt, tmp_path / "ours.safetensors")
     with pytest.raises(BaselineError, match=r"5 x 768 units.*b2t config.*missing key 'gru\.weight_ih_l2'"):
         import_baseline(ckpt, tmp_path / "ours.safetensors", sessions_path=_args_file(tmp_path))
-    small = Config(model=ModelConfig(**SIZES))
+    small = config_from_dict({"model": {"patch_size": SIZES["patch_size"], "patch_stride": SIZES["patch_stride"],
+                                        "gru": {"n_units": SIZES["n_units"], "n_layers": SIZES["n_layers"]}}})
     report = import_baseline(ckpt, tmp_path / "ours.safetensors", sessions_path=_args_file(tmp_path), base=small)
     assert report.n_days == 3 and report.config_source == "the b2t config"
 

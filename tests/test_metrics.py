@@ -9,7 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.metrics import ErrorRate, edit_distance, greedy_decode, words_of
+from b2t.metrics import ErrorRate, edit_distance, greedy_decode
+from b2t.text import words_of
 
 
 def _levenshtein(a: list, b: list) -> int:
@@ -103,19 +104,6 @@ def test_error_rate_without_references():
     assert "n/a" in er.table()
     with pytest.raises(KeyError, match="no results for group 'other'"):
         er.rate("other")
-
-
-@pytest.mark.parametrize("text, words", [
-    ("Hello, World!", ["hello", "world"]),
-    ("I don't know.", ["i", "don't", "know"]),
-    ("  Spaces\tand\nnewlines  ", ["spaces", "and", "newlines"]),
-    ("A well-known fact -- surely", ["a", "well", "known", "fact", "surely"]),
-    ("U.S. \"quotes\" (parens); semi: colon?", ["us", "quotes", "parens", "semi", "colon"]),
-    ("rock ' n ' roll", ["rock", "n", "roll"]),
-    ("", []),
-])
-def test_words_of_normalises_like_the_competition(text, words):
-    assert words_of(text) == words
 
 
 def test_word_error_rate_reuses_the_accumulator():

@@ -37,7 +37,7 @@ from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.train.backend import make_backend
-from b2t.train.loop import build_model
+from b2t.train.loop import run_model
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 from preprocess.synth import SynthSpec, write_dataset
@@ -110,7 +110,7 @@ def timed(fn) -> float:
 def _stepper(name: str, manifest: Manifest) -> tuple[Stepper, torch.device]:
     backend = make_backend(name, "cpu" if name == "eager" else None)
     cfg = load_config(TINY, [f"train.backend={name}"])
-    model = build_model(manifest, cfg, backend)
+    model = run_model(manifest, cfg, backend)
     return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
 

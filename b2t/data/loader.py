@@ -21,26 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from b2t.contract import check_batch
+from b2t.contract import Batch, check_batch
 from b2t.data.manifest import Manifest, ShardEntry
 from b2t.data.mapped_tar import mapped_tar_samples
 from b2t.data.sample import decode_sample
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One decoded batch: contract tensors (on the host until moved) plus its bucket and meta."""
-
-    bucket: int
-    tensors: dict[str, torch.Tensor]
-    meta: dict[str, Any]
-
-    def to(self, device: torch.device) -> Batch:
-        return Batch(self.bucket, {k: v.to(device) for k, v in self.tensors.items()}, self.meta)
 
 
 @dataclass(frozen=True)

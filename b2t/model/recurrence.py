@@ -1,13 +1,9 @@
-"""The stacked GRU: one set of parameters, two ways to run it, and the one graph break.
+"""The GRU recurrence on XLA: each layer's time loop as one XLA while-loop.
 
-The parameters always live in torch's own GRU module (taken from `torch.nn.modules.rnn`
-because `import torch_xla` rebinds `torch.nn.GRU` process-wide to a class that rejects
-CPU and CUDA tensors), so checkpoints are the same whichever backend wrote them:
-
-- eager and inductor (CPU, CUDA) call that module: the ATen or cuDNN kernel;
-- XLA calls `scan_gru`, the same equations with each layer's time loop lowered to one XLA
-  while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
-  (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
+`scan_gru` computes what torch's GRU kernel computes, for the parameters of a
+`b2t.model.layers.GRUStack`, with each layer's loop lowered by
+`torch_xla.experimental.scan`, so compile time does not grow with T (a Python loop over
+time is unrolled: minutes of compilation at a few hundred steps).
 
 Why not torch_xla's own scan GRU (`torch_xla.experimental.gru`): its traced step is cached
 by input shapes and dtypes but not by the autocast state, so after one call without
@@ -18,12 +14,6 @@ the loop, one row block per step. Here the input projection is one matmul over a
 outside the loop, and the loop body runs with autocast off and explicit dtypes, so its
 trace depends only on what the cache key holds.
 
-The graph break: the decoder runs the recurrence as one explicit island
-(`GRUDecoder.recurrence`, under `torch.compiler.disable`) on every backend. On XLA because
-dynamo with the openxla backend cannot trace `scan` in torch 2.9 / torch_xla 2.9;
-elsewhere because dynamo refuses RNN modules anyway (unless the global
-`torch._dynamo.config.allow_rnn` is set) and the cuDNN kernel is what should run.
-
 Shape legend: B batch rows, P time steps (patches), D input width, H hidden units,
 L layers.
 """
@@ -32,39 +22,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.modules.rnn import GRU as TorchGRU
-
-from b2t.config import ModelConfig
-from b2t.contract import PARAM_DTYPE
+from torch import nn
 
 Carry = dict[str, torch.Tensor]
 
 
-def make_gru(input_size: int, cfg: ModelConfig) -> TorchGRU:
-    """A batch-first `cfg.n_layers` x `cfg.n_units` GRU, initialised like the reference.
-
-    Init: `weight_hh` orthogonal, `weight_ih` xavier-uniform, biases left at torch's
-    default uniform(+-1/sqrt(n_units)) as the reference leaves them. Made on the CPU in
-    f32 so one seed gives the same weights whatever device runs the model.
-    """
-    gru = TorchGRU(
-        input_size,
-        cfg.n_units,
-        cfg.n_layers,
-        batch_first=True,
-        dropout=cfg.rnn_dropout if cfg.n_layers > 1 else 0.0,  # torch warns on 1 layer
-        device=torch.device("cpu"),
-        dtype=PARAM_DTYPE,
-    )
-    for name, param in gru.named_parameters():
-        if name.startswith("weight_hh"):
-            torch.nn.init.orthogonal_(param)
-        elif name.startswith("weight_ih"):
-            torch.nn.init.xavier_uniform_(param)
-    return gru
-
-
-def scan_gru(gru: TorchGRU, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
+def scan_gru(gru: nn.Module, x: torch.Tensor, h0: torch.Tensor) -> torch.Tensor:
     """What `gru(x, h0)[0]` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
 
     Matmuls run in the autocast dtype when autocast is on (else in the input's dtype);

@@ -10,7 +10,7 @@
 
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how batches get onto it (sharded over
-an SPMD mesh when there is one, see `parallel`), how to compile, how to wait for the
+an SPMD mesh when there is one, see `mesh`), how to compile, how to wait for the
 device, how to seed its RNG, and (on XLA) how many compilations and host fallbacks the
 run has caused so far, read from `torch_xla.debug.metrics`.
 """
@@ -21,18 +21,13 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
+from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE
-
-if TYPE_CHECKING:
-    from b2t.train.parallel import SpmdMesh
-
-BACKENDS = ("openxla", "xla", "inductor", "eager")
-XLA_BACKENDS = ("openxla", "xla")
-"""The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
+from b2t.train.devices import select_pjrt_device
+from b2t.train.mesh import SpmdMesh
 
 
 @dataclass(frozen=True)
@@ -96,8 +91,6 @@ class Backend:
         elif self.mesh is None:
             backend = "openxla"
         else:
-            from b2t.train.parallel import spmd_openxla
-
             backend = spmd_openxla()
         # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
         # run a bucket eagerly, so lift the limit well above any sensible bucket count.
@@ -112,7 +105,7 @@ class Backend:
         """Cut the lazy XLA graph here and run it (a no-op off XLA).
 
         On an SPMD mesh, also wait for it: tracing the next step while the mesh still ran
-        this one crashed the process inside torch_xla (see `parallel`).
+        this one crashed the process inside torch_xla (`b2t.xla_workarounds`: spmd-async-trace).
         """
         if self.xla:
             import torch_xla
@@ -159,7 +152,7 @@ def _xla_counts() -> CompileStats:
 def make_backend(name: str, device: str | torch.device | None = None, mesh: SpmdMesh | None = None) -> Backend:
     """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU).
 
-    `mesh` (XLA only, from `parallel.enable_spmd`) makes every batch data-parallel over it.
+    `mesh` (XLA only, from `mesh.enable_spmd`) makes every batch data-parallel over it.
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
@@ -175,13 +168,18 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
     return Backend(name, torch.device(device))
 
 
-def select_pjrt_device() -> None:
-    """PJRT_DEVICE for torch_xla, unless set: the TPU when this host has one, else the CPU."""
-    os.environ.setdefault("PJRT_DEVICE", "TPU" if _tpu_present() else "CPU")
+def spmd_openxla() -> Callable:
+    """The openxla compiler for SPMD runs: dynamo's forward graphs compiled by torch_xla's
+    bridge, their AOT backward graphs traced lazily into the step.
 
+    torch_xla 2.9's bridge, re-running a compiled backward graph under SPMD, read a forward
+    input (the day indices) from the first call's buffer (`b2t.xla_workarounds`: spmd-bridge-backward).
+    """
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.torchxla import openxla_eval_boxed
 
-def _tpu_present() -> bool:
-    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+    return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
 
 
 def describe(backend: Backend) -> str:

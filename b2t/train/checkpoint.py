@@ -34,6 +34,7 @@ class TrainState:
     best_step: int = -1
     sessions: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    mesh: dict[str, int] = field(default_factory=dict)  # devices per mesh axis of the run that wrote it
 
 
 class NonFiniteCheckpoint(ValueError):

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from b2t.config import Config
+from b2t.model.layers import DayLayer
 from b2t.train.checkpoint import read_checkpoint
-from b2t.train.optim import DAY_PARAMS
 
 
 class InitError(ValueError):
@@ -40,10 +40,24 @@ class InitReport:
                 f"{len(self.new)} new sessions start from identity{new}; fresh optimizer and schedule")
 
 
+def day_keys(model: torch.nn.Module) -> list[str]:
+    """State-dict keys of the model's per-day parameters (every `DayLayer`'s, (D, ...) each)."""
+    return [f"{name}.{p}".lstrip(".") for name, m in model.named_modules() if isinstance(m, DayLayer)
+            for p, _ in m.named_parameters()]
+
+
+def _flat(d: dict, prefix: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def _size_differences(saved: dict, cfg: Config) -> list[str]:
-    ours = cfg.to_dict()["model"]
-    return [f"model.{k}={saved.get(k)!r} in the checkpoint, {v!r} here" for k, v in ours.items()
-            if saved.get(k) != v and "dropout" not in k]
+    """The model.* settings (dropouts aside) that differ between the checkpoint and `cfg`."""
+    theirs, ours = _flat(saved, "model."), _flat(cfg.to_dict()["model"], "model.")
+    return [f"{k}={theirs.get(k)!r} in the checkpoint, {v!r} here" for k, v in ours.items()
+            if theirs.get(k) != v and "dropout" not in k]
 
 
 def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Sequence[str], cfg: Config) -> InitReport:
@@ -56,12 +70,13 @@ def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Seq
         raise InitError(f"{path} stores no session list: its day layers cannot be matched to this dataset's sessions")
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     own = model.state_dict()
+    days = day_keys(model)
     problems = [f"{k} is missing" for k in own if k not in weights]
     problems += [f"{k} is not in this model" for k in weights if k not in own]
     for k, v in own.items():
-        if k in weights and k not in DAY_PARAMS and tuple(weights[k].shape) != tuple(v.shape):
+        if k in weights and k not in days and tuple(weights[k].shape) != tuple(v.shape):
             problems.append(f"{k} is {tuple(weights[k].shape)} in the checkpoint, {tuple(v.shape)} here")
-    for k in DAY_PARAMS:
+    for k in days:
         if k in weights and tuple(weights[k].shape[1:]) != tuple(own[k].shape[1:]):
             problems.append(f"{k} holds {tuple(weights[k].shape[1:])} per day, this model {tuple(own[k].shape[1:])}")
     if problems:
@@ -74,7 +89,7 @@ def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Seq
     rows = torch.tensor([d for d, s in enumerate(sessions) if s in index], dtype=torch.int64, device="cpu")
     picks = torch.tensor([index[s] for s in kept], dtype=torch.int64, device="cpu")
     merged = dict(weights)
-    for k in DAY_PARAMS:
+    for k in days:
         day = own[k].detach().cpu().clone()  # (D, ...) this model's initialisation
         day[rows] = weights[k].to(day.dtype)[picks]
         merged[k] = day

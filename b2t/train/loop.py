@@ -5,6 +5,10 @@
         every val_every: greedy PER on val (best.safetensors) ; every checkpoint_every: last
     -> compile accounting (fails the run past --max-compiles)
 
+`train` sets the run up (`start_run`), warms it up (`warm_up`), steps it (`Run.step`) and
+after each step does what is due (`Run.log`, `Run.validate`, `Run.checkpoint`); `finish`
+writes the summary and checks the compile budget.
+
 Data-parallel runs (`b2t.train.parallel`): on an SPMD mesh one process steps every device
 and nothing else changes; under torchrun every rank runs this loop on its share of the
 shards, and only rank 0 validates, writes checkpoints and `metrics.jsonl` (the other ranks
@@ -16,7 +20,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +30,19 @@ from tqdm import tqdm
 
 from b2t.atomic import remove_stale_temps
 from b2t.config import Config
-from b2t.contract import empty_batch
-from b2t.data.loader import Batch, StreamConfig, eval_batches, pass_shards, train_batches
+from b2t.contract import Batch
+from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import Manifest
-from b2t.evaluate import decode_batches, summarize
-from b2t.model.decoder import GRUDecoder
-from b2t.train.backend import Backend, describe, make_backend
+from b2t.decoding import decode_batches, summarize
+from b2t.model.registry import build_model
+from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
+from b2t.train.mesh import check_divisible
 from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
-from b2t.train.parallel import Layout, check_divisible, close_ddp, make_layout, wrap_ddp
-from b2t.train.step import Stepper
+from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
+from b2t.train.step import Stepper, WarmUpReport
 
 LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
 
@@ -51,7 +57,6 @@ class RunOptions:
     max_compiles: int | None = None  # fail the run if XLA compiled more graphs than this
     progress: bool = True
     device: str | None = None
-    devices: int | None = None  # data-parallel over this many devices (-1: all); None: one device
     init_from: Path | None = None  # a fresh run starts from this checkpoint's weights (b2t.train.init_from)
     verify_data: bool = False  # sha256 of every shard against the manifest before training
 
@@ -67,47 +72,7 @@ def check_compatible(manifest: Manifest, cfg: Config) -> None:
             )
 
 
-def build_model(manifest: Manifest, cfg: Config, backend: Backend) -> GRUDecoder:
-    torch.manual_seed(cfg.train.seed)
-    return GRUDecoder(len(manifest.sessions), cfg.model, xla=backend.xla).to(backend.device)
-
-
-def _resume_state(path: Path, model: GRUDecoder, optimizer: torch.optim.Optimizer,
-                  manifest: Manifest, cfg: Config) -> TrainState:
-    state = read_state(path)
-    if state.sessions != manifest.sessions:
-        raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
-                            f"{manifest.sessions[:3]}...: day indices would not match")
-    saved = {k: v for k, v in state.config.items() if k != "train"}
-    now = {k: v for k, v in cfg.to_dict().items() if k != "train"}
-    if saved != now:
-        changed = sorted(k for k in now if saved.get(k) != now[k])
-        raise TrainingError(f"{path} was trained with different {changed} settings: resume with the same config")
-    return load_checkpoint(path, model, optimizer)
-
-
-def warm_up(stepper: Stepper, manifest: Manifest, bar: tqdm) -> None:
-    """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
-    batches = [Batch(i, empty_batch(shape), {}).to(stepper.backend.device)  # host -> device, as in training
-               for i, shape in enumerate(manifest.buckets)]
-    started = [time.perf_counter(), ""]
-
-    def report(what: str) -> None:
-        if started[1]:
-            bar.write(f"compiled {started[1]}: {time.perf_counter() - started[0]:.1f} s")
-        started[:] = [time.perf_counter(), what]
-        bar.set_description_str(f"compiling {what} (first compile can take minutes)")
-
-    stepper.warm_up(batches, report)
-    report("")
-
-
-def validate(stepper: Stepper, dataset: Path, manifest: Manifest, cfg: Config) -> dict[str, Any]:
-    batches = eval_batches(dataset, manifest, "val", StreamConfig(seed=cfg.train.seed, num_workers=cfg.train.num_workers))
-    return summarize(decode_batches(stepper, batches)).to_dict()
-
-
-def _check_same_readers(run_dir: Path, layout: Layout) -> None:
+def check_same_readers(run_dir: Path, layout: Layout) -> None:
     """A resumed run skips `batches` batches of each reader's stream, which is only the same
     position in the data when the shards are split over as many readers as before."""
     before = [r["world"] for r in read_records(run_dir / METRICS) if r.get("kind") == "layout"]
@@ -125,26 +90,161 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
-    """Train on the shards in `dataset`, writing checkpoints and metrics to `run_dir`."""
-    dataset, run_dir = Path(dataset), Path(run_dir)
-    manifest = Manifest.load(dataset)
-    check_compatible(manifest, cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
-    if (run_dir / LAST).exists() and not opts.resume:
-        raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
-    if opts.resume and not (run_dir / LAST).exists():
-        tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
-        opts = replace(opts, resume=False)
-    check_shards(dataset, manifest, sha256=opts.verify_data)
-    layout, mesh, rank_device = make_layout(cfg.train.backend, opts.devices)
-    try:
-        return _train(dataset, run_dir, manifest, cfg, opts, layout,
-                      make_backend(cfg.train.backend, opts.device or rank_device, mesh))
-    finally:
-        if layout.kind == "ddp":
-            close_ddp()
+def run_model(manifest: Manifest, cfg: Config, backend: Backend) -> torch.nn.Module:
+    """The model a run starts from: seeded by `train.seed`, built for the manifest's sessions, on the device."""
+    torch.manual_seed(cfg.train.seed)
+    return build_model(cfg.model, len(manifest.sessions), backend.xla).to(backend.device)
+
+
+def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  manifest: Manifest, cfg: Config) -> TrainState:
+    """The checkpoint's state loaded into `model` and `optimizer`, if it is this run's.
+
+    `train` (steps, logging) may change on resume; `mesh` too (the run goes on, recorded
+    in the metrics, though not bit-identical to an unbroken run); every other section
+    must be the one the checkpoint was trained with.
+    """
+    state = read_state(path)
+    if state.sessions != manifest.sessions:
+        raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
+                            f"{manifest.sessions[:3]}...: day indices would not match")
+    free = ("train", "mesh")
+    saved = {k: v for k, v in state.config.items() if k not in free}
+    now = {k: v for k, v in cfg.to_dict().items() if k not in free}
+    if saved != now:
+        changed = sorted(k for k in now if saved.get(k) != now[k])
+        raise TrainingError(f"{path} was trained with different {changed} settings: resume with the same config")
+    return load_checkpoint(path, model, optimizer)
+
+
+@dataclass
+class Run:
+    """One training run's parts, from `start_run`; the loop drives it one step at a time."""
+
+    dataset: Path
+    run_dir: Path
+    manifest: Manifest
+    cfg: Config
+    layout: Layout
+    backend: Backend
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    stepper: Stepper
+    state: TrainState
+    log: MetricsLog
+    stream_cfg: StreamConfig
+    bar: tqdm
+    window: int = 0  # steps since the last loss read-back
+    window_started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def has_val(self) -> bool:
+        return bool(self.manifest.shards_of("val")) and self.layout.is_main
+
+    def due(self, every: int) -> bool:
+        return self.state.step % every == 0 or self.state.step == self.cfg.train.steps
+
+    def step(self, stream: Iterator[Batch]) -> torch.Tensor:
+        """One optimizer step over `grad_accum` micro-batches; returns the gradient norm (device)."""
+        micro = [next(stream) for _ in range(self.cfg.train.grad_accum)]  # the stepper places them
+        _, norm = self.stepper.train_step(micro, self.state.step)
+        self.state.step += 1
+        self.state.batches += len(micro)
+        self.window += 1
+        self.bar.update(1)
+        return norm
+
+    def log_losses(self, norm: torch.Tensor) -> None:
+        """Read back the window's mean losses (the loop's host sync) and log them with the rates."""
+        losses = {k: v / self.window for k, v in self.stepper.take_losses().items()}
+        mean_loss = losses.pop("total")
+        if not math.isfinite(mean_loss):
+            last = self.run_dir / LAST
+            raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - self.window + 1}.."
+                                f"{self.state.step}: lower optim.lr or check the input features; last good "
+                                f"checkpoint: {last if last.exists() else 'none'}")
+        rate, o = self.window / (time.perf_counter() - self.window_started), self.cfg.optim
+        self.log.write("train", step=self.state.step, loss=mean_loss, losses=losses, grad_norm=float(norm.cpu()),
+                       steps_per_s=rate, lr=lr_at(self.state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
+                       lr_day=lr_at(self.state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
+                       **self.backend.stats().to_dict())
+        self.bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
+        self.window, self.window_started = 0, time.perf_counter()
+
+    def validate(self) -> None:
+        """Greedy PER on every val trial; a new best PER writes `best.safetensors`."""
+        batches = eval_batches(self.dataset, self.manifest, "val",
+                               StreamConfig(seed=self.cfg.train.seed, num_workers=self.cfg.train.num_workers))
+        val = summarize(decode_batches(self.stepper.eval_step, batches)).to_dict()
+        self.log.write("val", step=self.state.step, **val)
+        self.bar.write(f"step {self.state.step}: val PER {val['per']:.4f}, loss {val['loss']:.3f}")
+        if val["per"] < self.state.best_per:
+            self.state.best_per, self.state.best_step = val["per"], self.state.step
+            save_checkpoint(self.run_dir / BEST, self.model, None, self.state)
+
+    def checkpoint(self) -> None:
+        save_checkpoint(self.run_dir / LAST, self.model, self.optimizer, self.state)
+
+
+def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions,
+              layout: Layout, backend: Backend) -> Run:
+    """Model, optimizer, resumed state, metrics log and stepper of a run (nothing compiled yet)."""
+    if layout.kind == "spmd":
+        check_divisible(manifest.buckets, layout.devices)
+    model = run_model(manifest, cfg, backend)
+    forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
+    optimizer = make_optimizer(model, cfg.optim)
+    if opts.resume:
+        check_same_readers(run_dir, layout)
+        state = _resume_state(run_dir / LAST, model, optimizer, manifest, cfg)
+    else:
+        state = TrainState(sessions=manifest.sessions, config=cfg.to_dict())
+    if state.mesh and state.mesh != layout.mesh:
+        tqdm.write(f"note: {run_dir / LAST} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
+                   "training goes on, but not bit-identical to an unbroken run on one mesh")
+    state.mesh = layout.mesh
+    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
+                     tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
+    if layout.is_main:
+        tqdm.write(describe(backend))
+    if opts.init_from is not None and not opts.resume:
+        init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg)
+        log.write("init", source=str(init.source), kept=init.kept, new=init.new)
+        tqdm.write(init.summary())
+    stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
+                              num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
+    log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
+              mesh=layout.mesh, first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
+    bar = tqdm(total=cfg.train.steps, initial=state.step, unit="step", dynamic_ncols=True,
+               disable=not (opts.progress and layout.is_main))
+    return Run(dataset, run_dir, manifest, cfg, layout, backend, model, optimizer,
+               Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, bar)
+
+
+def warm_up(run: Run) -> CompileStats:
+    """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
+    report = WarmUpReport(run.bar)
+    run.stepper.warm_up(run.manifest.buckets, report)
+    report("")
+    warm = run.backend.stats()
+    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), **warm.to_dict())
+    run.bar.set_description_str("training")
+    return warm
+
+
+def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
+    """The run's summary (logged), after checking the compile budget."""
+    run.bar.close()
+    final = run.backend.stats()
+    summary = {"steps": run.state.step, "best_per": run.state.best_per, "best_step": run.state.best_step,
+               "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.manifest.buckets),
+               "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model)}
+    run.log.write("summary", **summary)
+    run.log.close()
+    if opts.max_compiles is not None and final.compilations > opts.max_compiles:
+        raise TrainingError(f"{final.compilations} XLA compilations exceed --max-compiles {opts.max_compiles} "
+                            f"for {len(run.manifest.buckets)} buckets: see {run.run_dir / METRICS} for when they happened")
+    return summary
 
 
 def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
@@ -159,80 +259,34 @@ def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
                    f"shards in {time.perf_counter() - t0:.1f} s")
 
 
-def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions,
-           layout: Layout, backend: Backend) -> dict[str, Any]:
-    if layout.kind == "spmd":
-        check_divisible(manifest.buckets, layout.devices)
-    model = build_model(manifest, cfg, backend)
-    forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
-    optimizer = make_optimizer(model, cfg.optim)
-    if opts.resume:
-        _check_same_readers(run_dir, layout)
-    state = (_resume_state(run_dir / LAST, model, optimizer, manifest, cfg) if opts.resume
-             else TrainState(sessions=manifest.sessions, config=cfg.to_dict()))
-    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
-                     tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
-    if layout.is_main:
-        tqdm.write(describe(backend))
-    if opts.init_from is not None and not opts.resume:
-        init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg)
-        log.write("init", source=str(init.source), kept=init.kept, new=init.new)
-        tqdm.write(init.summary())
-    stepper = Stepper(model, optimizer, backend, cfg, forward)
-    has_val = bool(manifest.shards_of("val")) and layout.is_main
-    stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
-                              num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
-    log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
-              first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
-
-    bar = tqdm(total=cfg.train.steps, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=not (opts.progress and layout.is_main))
-    warm_up(stepper, manifest, bar)
-    warm = backend.stats()
-    log.write("compile", phase="warm-up", buckets=len(manifest.buckets), **warm.to_dict())
-    bar.set_description_str("training")
-
-    stream = train_batches(dataset, manifest, stream_cfg, start=state.batches)
-    window, t_window = 0, time.perf_counter()
-    while state.step < cfg.train.steps:
-        micro = [next(stream) for _ in range(cfg.train.grad_accum)]  # the stepper places them
-        _, norm = stepper.train_step(micro, state.step)
-        state.step += 1
-        state.batches += len(micro)
-        window += 1
-        bar.update(1)
-        last_step = state.step == cfg.train.steps
-        if state.step % cfg.train.log_every == 0 or last_step:
-            mean_loss = stepper.take_loss_total() / window
-            if not math.isfinite(mean_loss):
-                raise TrainingError(f"non-finite loss ({mean_loss}) in steps {state.step - window + 1}..{state.step}: "
-                                    "lower optim.lr or check the input features; last good checkpoint: "
-                                    f"{run_dir / LAST if (run_dir / LAST).exists() else 'none'}")
-            rate, o = window / (time.perf_counter() - t_window), cfg.optim
-            log.write("train", step=state.step, loss=mean_loss, grad_norm=float(norm.cpu()), steps_per_s=rate,
-                      lr=lr_at(state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
-                      lr_day=lr_at(state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
-                      **backend.stats().to_dict())
-            bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
-            window, t_window = 0, time.perf_counter()
-        if has_val and (state.step % cfg.train.val_every == 0 or last_step):
-            val = validate(stepper, dataset, manifest, cfg)
-            log.write("val", step=state.step, **val)
-            bar.write(f"step {state.step}: val PER {val['per']:.4f}, loss {val['loss']:.3f}")
-            if val["per"] < state.best_per:
-                state.best_per, state.best_step = val["per"], state.step
-                save_checkpoint(run_dir / BEST, model, None, state)
-        if layout.is_main and (state.step % cfg.train.checkpoint_every == 0 or last_step):
-            save_checkpoint(run_dir / LAST, model, optimizer, state)
-    bar.close()
-
-    final = backend.stats()
-    summary = {"steps": state.step, "best_per": state.best_per, "best_step": state.best_step,
-               "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(manifest.buckets),
-               "devices": layout.devices, "rank": layout.rank, "weights_sha256": weights_digest(model)}
-    log.write("summary", **summary)
-    log.close()
-    if opts.max_compiles is not None and final.compilations > opts.max_compiles:
-        raise TrainingError(f"{final.compilations} XLA compilations exceed --max-compiles {opts.max_compiles} "
-                            f"for {len(manifest.buckets)} buckets: see {run_dir / METRICS} for when they happened")
-    return summary
+def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
+    """Train on the shards in `dataset`, writing checkpoints and metrics to `run_dir`."""
+    dataset, run_dir = Path(dataset), Path(run_dir)
+    manifest = Manifest.load(dataset)
+    check_compatible(manifest, cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
+    if (run_dir / LAST).exists() and not opts.resume:
+        raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
+    if opts.resume and not (run_dir / LAST).exists():
+        tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
+        opts = replace(opts, resume=False)
+    check_shards(dataset, manifest, sha256=opts.verify_data)
+    layout, mesh, rank_device = make_layout(cfg.train.backend, cfg.mesh)
+    try:
+        backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
+        run = start_run(dataset, run_dir, manifest, cfg, opts, layout, backend)
+        warm = warm_up(run)
+        stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
+        while run.state.step < cfg.train.steps:
+            norm = run.step(stream)
+            if run.due(cfg.train.log_every):
+                run.log_losses(norm)
+            if run.has_val and run.due(cfg.train.val_every):
+                run.validate()
+            if layout.is_main and run.due(cfg.train.checkpoint_every):
+                run.checkpoint()
+        return finish(run, warm, opts)
+    finally:
+        if layout.kind == "ddp":
+            close_ddp()

@@ -1,8 +1,9 @@
 """AdamW with the reference's parameter groups and warm-up + cosine learning-rate schedules.
 
-Groups (as the public baseline): the day layers (`day_weights`, `day_biases`) have their
-own learning rate and weight decay; biases (GRU and output) get no weight decay; every
-other parameter, `h0` included (the reference decays it too), gets `weight_decay`.
+Groups (as the public baseline): the day layers (the parameters of every
+`b2t.model.layers.DayLayer`, in any model family) have their own learning rate and weight
+decay; biases (GRU and output) get no weight decay; every other parameter, `h0` included
+(the reference decays it too), gets `weight_decay`.
 
 Learning rates are tensors on the parameters' device, written in place each step, with
 `capturable=True` on XLA and CUDA so Adam's bias corrections also stay on the device.
@@ -23,9 +24,8 @@ import torch
 from torch import nn
 
 from b2t.config import OptimConfig
+from b2t.model.layers import DayLayer
 
-DAY_PARAMS = ("day_weights", "day_biases")
-"""Attribute names of the per-day input layer's parameters."""
 _CAPTURABLE_DEVICES = ("xla", "cuda")
 """Devices where torch's AdamW keeps its step count on the device (`capturable=True`)."""
 
@@ -42,10 +42,11 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
     the day layers, with `cfg.weight_decay_day` (and `cfg.lr_day` via `set_lrs`).
     """
     members: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "day": []}
+    day_params = {id(p) for m in model.modules() if isinstance(m, DayLayer) for p in m.parameters()}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        if any(part in DAY_PARAMS for part in name.split(".")):
+        if id(p) in day_params:
             members["day"].append(p)
         elif _is_bias(name):
             members["no_decay"].append(p)

@@ -6,7 +6,7 @@ device of a data-parallel run (weights replicated, batch split over `devices`):
 
   static       f32 weights, f32 gradients, AdamW's two f32 moments, the bf16 weight copies
                autocast makes for the matmuls, and under SPMD one more copy of weights and
-               moments (XLA buffer aliasing is off there, see `parallel`);
+               moments (XLA buffer aliasing is off there, see `b2t.xla_workarounds`);
   activations  of one micro-batch of `rows` rows in a bucket of T bins (P patches), per
                the dtype policy in `b2t.contract` (bf16 compute, f32 GRU state and CTC):
                augmentation scratch, the day layer (its per-row (F, F) weights gathered),
@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 from b2t.buckets import patch_count
 from b2t.config import Config, ModelConfig
-from b2t.contract import COMPUTE_DTYPE, FEATURE_DIM, FEATURE_DTYPE, LOSS_DTYPE, N_CLASSES, PARAM_DTYPE, BucketShape
+from b2t.contract import COMPUTE_DTYPE, FEATURE_DIM, FEATURE_DTYPE, LOSS_DTYPE, PARAM_DTYPE, BucketShape
+from b2t.model.registry import count_parameters
+from b2t.phonemes import N_CLASSES
 
 F32, BF16 = PARAM_DTYPE.itemsize, COMPUTE_DTYPE.itemsize
 FEAT, LOSS = FEATURE_DTYPE.itemsize, LOSS_DTYPE.itemsize
@@ -40,21 +42,15 @@ DEFAULT_HEADROOM = 0.1
 
 def matmul_weights(cfg: ModelConfig) -> int:
     """Parameters autocast copies to bf16 each step (GRU and output weight matrices)."""
-    F, H = FEATURE_DIM, cfg.n_units
-    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H for k in range(cfg.n_layers))
+    F, g = FEATURE_DIM, cfg.gru
+    H = g.n_units
+    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H for k in range(g.n_layers))
     return gru + N_CLASSES * H
-
-
-def count_parameters(n_days: int, cfg: ModelConfig) -> int:
-    """Trainable parameters of `GRUDecoder(n_days, cfg)`, by formula: the matmul weights plus
-    the day layers (F x F + F each), the GRU biases (2 x 3H per layer), h0 (H) and the output bias."""
-    F, H = FEATURE_DIM, cfg.n_units
-    return matmul_weights(cfg) + n_days * (F * F + F) + cfg.n_layers * 2 * 3 * H + H + N_CLASSES
 
 
 def activation_bytes(rows: int, T: int, L: int, cfg: ModelConfig) -> dict[str, int]:
     """Bytes one training micro-batch of `rows` rows x T bins (L label slots) keeps, by part."""
-    F, H, n = FEATURE_DIM, cfg.n_units, cfg.n_layers
+    F, H, n = FEATURE_DIM, cfg.gru.n_units, cfg.gru.n_layers
     P = patch_count(T, cfg.patch_size, cfg.patch_stride)
     S = 2 * L + 1
     rTF, rPH = rows * T * F, rows * P * H
@@ -106,6 +102,7 @@ class MemoryPlan:
     headroom: float = DEFAULT_HEADROOM
     fit_rows: int | None = None  # largest rows per device of the largest bucket that fit
     notes: list[str] = field(default_factory=list)
+    parts: dict[str, int] = field(default_factory=dict)  # parameters per top-level part of the model
 
     @property
     def static_total(self) -> int:
@@ -146,16 +143,17 @@ def plan_memory(buckets: list[BucketShape], n_days: int, cfg: Config, devices: i
         raise ValueError(f"devices must be >= 1, got {devices}")
     if not buckets:
         raise ValueError("no buckets to plan for")
-    n_params = count_parameters(n_days, cfg.model)
+    parts = count_parameters(cfg.model, n_days)
+    n_params = parts.pop("total")
     notes = [f"{b.T}x{b.B}: B does not divide over {devices} devices" for b in buckets if b.B % devices]
     plans = [BucketPlan(b, b.B // devices, activation_bytes(max(b.B // devices, 1), b.T, b.L, cfg.model))
              for b in buckets]
-    plan = MemoryPlan(devices, n_params, static_bytes(n_params, cfg.model, spmd), plans, notes=notes)
+    plan = MemoryPlan(devices, n_params, static_bytes(n_params, cfg.model, spmd), plans, notes=notes, parts=parts)
     if device_memory is None:
         return plan
     budget = int(device_memory * (1.0 - headroom))
     fit = largest_rows(plan.largest.shape, budget, n_params, cfg.model, spmd)
-    return MemoryPlan(devices, n_params, plan.static, plans, device_memory, headroom, fit, notes)
+    return MemoryPlan(devices, n_params, plan.static, plans, device_memory, headroom, fit, notes, parts)
 
 
 def parse_bytes(text: str) -> int:
@@ -189,7 +187,7 @@ def _size(n: int) -> str:
 def format_plan(plan: MemoryPlan, cfg: Config) -> str:
     """The plan as the text `b2t-train --plan` prints."""
     lines = [f"devices: {plan.devices} (batch rows split over them; weights replicated)",
-             f"parameters: {plan.n_params:,}", "",
+             f"parameters: {plan.n_params:,} ({', '.join(f'{k} {v:,}' for k, v in plan.parts.items())})", "",
              "buckets (T x B, L labels; rows per device; activations per device):"]
     for b in plan.buckets:
         s = b.shape
@@ -218,6 +216,7 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> str:
         else:
             lines.append("  not even one row per device fits: the weights and optimizer state alone are too large")
     lines += [f"note: {n}" for n in plan.notes]
-    lines.append(f"(config: {cfg.model.n_layers}x{cfg.model.n_units} GRU, patch {cfg.model.patch_size}/"
-                 f"{cfg.model.patch_stride}; an estimate from shapes, nothing was compiled)")
+    m = cfg.model
+    lines.append(f"(config: {m.family} family, {m.gru.n_layers}x{m.gru.n_units} GRU, patch {m.patch_size}/"
+                 f"{m.patch_stride}; an estimate from shapes, nothing was compiled)")
     return "\n".join(lines)

@@ -7,19 +7,26 @@ The compiled region is `forward_loss`: day layer, patching and output layer are 
 dynamo; the two recurrences (GRU, CTC) are explicit islands that run as XLA while-loops
 (see b2t/model). Nothing in a step reads a value back to the host: losses accumulate on
 the device and the loop reads them every `log_every` steps.
+
+The model is any family of `b2t.model.registry`: it returns named CTC heads, each gets its
+own CTC loss (the step's loss is their sum, per row, averaged over valid rows), and its
+`decode_head` is what evaluation decodes. The random masks it declares are drawn here,
+outside the compiled region.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from b2t.config import Config
-from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE
-from b2t.data.loader import Batch
+from b2t.contract import LOSS_DTYPE, Batch, BucketShape, empty_batch
 from b2t.model.ctc import ctc_loss
 from b2t.train.augment import augment
 from b2t.train.backend import Backend
@@ -39,7 +46,7 @@ class Stepper:
         self._train_fn = backend.compile(self._forward_loss)
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(self._forward_log_probs)
-        self._loss_total = _device_zero(backend)
+        self._loss_totals = self._zero_totals()
         if optimizer is None:
             return
         # Gradients exist from the start, so the first backward accumulates like every later
@@ -64,61 +71,72 @@ class Stepper:
                         "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
                     }
 
-    def _logits_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                        phone_seq_lens: Tensor, day_indices: Tensor,
-                        input_keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def _heads_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
+                       phone_seq_lens: Tensor, day_indices: Tensor,
+                       masks: dict[str, Tensor] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+        """Logits of every head (B, P, C), each head's per-row CTC loss (B,) f32, output lengths (B,)."""
         with self.backend.autocast():
-            logits = self.forward(features, day_indices, input_keep)  # (B, P, C) bf16
-        log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # CTC in f32
+            heads = self.forward(features, day_indices, masks)  # {head: (B, P, C)} bf16
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
-        nll = ctc_loss(log_probs, seq_class_ids, out_lens, phone_seq_lens)  # (B,)
-        return logits, nll, out_lens
+        nll = {name: ctc_loss(logits.to(LOSS_DTYPE).log_softmax(-1), seq_class_ids, out_lens, phone_seq_lens)
+               for name, logits in heads.items()}  # CTC in f32
+        return heads, nll, out_lens
 
     def _forward_loss(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor,
-                      input_keep: Tensor | None = None) -> Tensor:
-        """Mean CTC loss over the batch's valid rows (padding rows weigh nothing)."""
-        _, nll, _ = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
-                                         input_keep)
+                      masks: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Mean CTC loss of each head over the batch's valid rows (padding rows weigh nothing)."""
+        _, nll, _ = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices, masks)
         weight = valid.to(LOSS_DTYPE)
-        return (nll * weight).sum() / weight.sum().clamp(min=1.0)
+        rows = weight.sum().clamp(min=1.0)
+        return {name: (loss * weight).sum() / rows for name, loss in nll.items()}
 
     def _forward_eval(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-row CTC loss, greedy frame ids (B, P) and output lengths: all a decoder needs."""
-        logits, nll, out_lens = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
-        return nll, logits.argmax(-1).to(torch.int32), out_lens
+        """The decode head's per-row CTC loss, greedy frame ids (B, P) and output lengths."""
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
+        head = self.model.decode_head
+        return nll[head], heads[head].argmax(-1).to(torch.int32), out_lens
 
     def _forward_log_probs(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                            phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """`_forward_eval` plus the (B, P, C) f32 log-probabilities a word beam search reads."""
-        logits, nll, out_lens = self._logits_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
+        """`_forward_eval` plus the decode head's (B, P, C) f32 log-probabilities a word beam search reads."""
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
+        logits = heads[self.model.decode_head]
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # (B, P, C) f32
-        return nll, logits.argmax(-1).to(torch.int32), out_lens, log_probs
+        return nll[self.model.decode_head], logits.argmax(-1).to(torch.int32), out_lens, log_probs
 
-    def _inputs(self, batch: Batch, train: bool) -> dict[str, Tensor]:
-        """Augmented step inputs, placed by the backend (sharded over its mesh); `valid` in training."""
+    def _inputs(self, batch: Batch, train: bool, *, with_valid: bool = False) -> dict[str, Any]:
+        """Augmented step inputs, placed by the backend (sharded over its mesh); in training
+        also `valid` and the model's dropout masks."""
         t = self.backend.place(batch.tensors)
         features, n_time_steps = augment(t["features"], t["n_time_steps"], self.cfg.augment, train=train)
         inputs = {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
                   "phone_seq_lens": t["phone_seq_lens"], "day_indices": t["day_indices"]}
         if not train:
-            return inputs
-        p = self.cfg.model.input_dropout  # the mask is drawn here, outside the compiled region
-        keep = (torch.rand(features.shape, dtype=torch.float32, device=features.device) >= p).to(COMPUTE_DTYPE)
-        return {**inputs, "valid": t["valid"], "input_keep": keep / (1.0 - p)}
+            return {**inputs, "valid": t["valid"]} if with_valid else inputs
+        B, T, _ = features.shape  # the masks are drawn here, outside the compiled region
+        masks = {name: m.draw(features.device) for name, m in self.model.dropout_masks(B, T).items()}
+        return {**inputs, "valid": t["valid"], "masks": masks}
 
     def seed(self, step: int, micro: int = 0) -> None:
         """Per-step RNG seed: a resumed run draws the same noise and dropout as an unbroken one."""
         self.backend.seed(self.cfg.train.seed * 1_000_003 + step * 64 + micro)
 
-    def forward_backward(self, batch: Batch, step: int, micro: int) -> Tensor:
-        """Loss (device scalar) of one micro-batch; its gradient is added to `.grad`."""
+    def forward_backward(self, batch: Batch, step: int, micro: int) -> dict[str, Tensor]:
+        """Each head's loss (device scalars) of one micro-batch; the gradient of their sum is added to `.grad`."""
         self.model.train()
         self.seed(step, micro)
-        loss = self._train_fn(**self._inputs(batch, train=True))
-        (loss / self.cfg.train.grad_accum).backward()
-        return loss.detach()
+        losses = self._train_fn(**self._inputs(batch, train=True))
+        (sum(losses.values()) / self.cfg.train.grad_accum).backward()
+        return {name: loss.detach() for name, loss in losses.items()}
+
+    @torch.no_grad()
+    def losses(self, batch: Batch) -> dict[str, Tensor]:
+        """Each head's mean loss on `batch` through the compiled training objective, with no
+        randomness: eval mode (no dropout), eval augmentation (smoothing only), no gradient."""
+        self.model.eval()
+        return self._train_fn(**self._inputs(batch, train=False, with_valid=True))
 
     def update(self, step: int) -> Tensor:
         """Clip, set this step's learning rates, apply AdamW, clear gradients; returns the grad norm."""
@@ -131,32 +149,38 @@ class Stepper:
         return norm.detach()
 
     def train_step(self, batches: list[Batch], step: int) -> tuple[Tensor, Tensor]:
-        """One optimizer step over `grad_accum` micro-batches; returns (mean loss, grad norm).
+        """One optimizer step over `grad_accum` micro-batches; returns (mean total loss, grad norm).
 
         Under DDP, gradients are all-reduced in the last micro-batch's backward only
         (`no_sync` around the others): the sum is the same, the traffic 1/grad_accum.
         """
         no_sync = getattr(self.forward, "no_sync", contextlib.nullcontext)
-        losses = []
+        micro = []
         for i, batch in enumerate(batches):
             with no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
-                losses.append(self.forward_backward(batch, step, i))
+                micro.append(self.forward_backward(batch, step, i))
         norm = self.update(step)
-        loss = torch.stack(losses).mean()
-        self._loss_total += loss  # inside the step's graph, so every step traces the same graph
+        losses = {name: torch.stack([m[name] for m in micro]).mean() for name in micro[0]}
+        loss = sum(losses.values())
+        for name, value in {TOTAL: loss, **losses}.items():  # inside the step's graph: every step traces the same graph
+            self._loss_totals[name] = self._loss_totals[name] + value
         self.backend.sync()
         return loss, norm
 
-    def take_loss_total(self) -> float:
-        """Sum of step losses since the last call: the deliberate host read of the loop.
+    def take_losses(self) -> dict[str, float]:
+        """Sums of step losses since the last call (`total` and each head's): the deliberate
+        host read of the loop.
 
-        The fresh total is uploaded from the host as a (1,) tensor: a 0-dim zero, on the
+        The fresh totals are uploaded from the host as (1,) tensors: a 0-dim zero, on the
         device or uploaded, is traced as a graph constant (torch_xla's special scalars), and
-        the next step would compile a graph of its own (measured).
+        the next step would compile a graph of its own (`b2t.xla_workarounds`: special-scalars).
         """
-        total = float(self._loss_total.cpu()[0])
-        self._loss_total = _device_zero(self.backend)
-        return total
+        values = {name: float(t.cpu()[0]) for name, t in self._loss_totals.items()}  # transfers, no new graph
+        self._loss_totals = self._zero_totals()
+        return values
+
+    def _zero_totals(self) -> dict[str, Tensor]:
+        return {name: _device_zero(self.backend) for name in (TOTAL, *self.model.heads)}
 
     def eval_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         return self._evaluate(self._eval_fn, batch)
@@ -176,29 +200,44 @@ class Stepper:
         self.backend.sync()
         return out
 
-    def warm_up(self, batches: Sequence[Batch], report: Callable[[str], None]) -> None:
-        """Compile every graph the loop will need, one all-padding batch per bucket.
+    def warm_up(self, buckets: Sequence[BucketShape], report: Callable[[str], None], *,
+                log_probs: bool = False) -> None:
+        """Compile every graph a run will need, on one all-padding batch per bucket: the one
+        warm-up recipe of training and evaluation alike.
 
-        Per bucket, two optimizer steps (the second sees the state the first leaves) and an
-        eval inside `_preserved_state()`, which puts weights and optimizer state back
-        afterwards; then one eval per bucket again. Measured on XLA: the eval island traced
-        right after training steps and the one traced after the restore differ (the order
-        of the lazy graph's outputs), and validation meets both.
+        The batches are made on the host and placed by the step, as the loader's batches are
+        (a batch made on the device is a different graph input, and under SPMD it takes
+        another placement path). With an optimizer, per bucket two optimizer steps (the
+        second sees the state the first leaves) and an eval, inside `_preserved_state()`,
+        which puts weights and optimizer state back afterwards; then one eval per bucket
+        again. Measured on XLA: the eval graph traced right after training steps and the one
+        traced after the restore differ (the order of the lazy graph's outputs), and
+        validation meets both; and under openxla a shape's second eval call still compiles
+        one more graph. `log_probs`: warm the word-decoding eval step instead of the greedy one.
         """
+        evaluate = self.log_probs_step if log_probs else self.eval_step
+        batches = [Batch(i, empty_batch(shape), {}) for i, shape in enumerate(buckets)]
         with self._preserved_state():
             for batch in batches:
-                report(f"train step, {_shape_of(batch)}")
-                for step in (1, 2):  # seeds of later steps: a seed of 0 is traced as a constant
-                    self.train_step([batch] * self.cfg.train.grad_accum, step)
-                self.eval_step(batch)
+                if self.optimizer is not None:
+                    report(f"train step, {_shape_of(batch)}")
+                    for step in (1, 2):  # seeds of later steps: a seed of 0 is traced as a constant
+                        self.train_step([batch] * self.cfg.train.grad_accum, step)
+                report(f"eval step, {_shape_of(batch)}")
+                evaluate(batch)
         for batch in batches:
-            report(f"eval step, {_shape_of(batch)}")
-            self.eval_step(batch)
-        self.take_loss_total()  # warm-up losses are not the run's
+            report(f"eval step again, {_shape_of(batch)}")
+            evaluate(batch)
+        if self.optimizer is not None:
+            self.take_losses()  # warm-up losses are not the run's
 
     @contextlib.contextmanager
     def _preserved_state(self) -> Iterator[None]:
-        """Copy weights and optimizer state back on exit (device-side clones, no host copy)."""
+        """Copy weights and optimizer state back on exit (device-side clones, no host copy);
+        nothing to keep without an optimizer (evaluation changes no weight)."""
+        if self.optimizer is None:
+            yield
+            return
         live = list(self.model.state_dict().values())
         live += [t for s in self.optimizer.state.values() for t in s.values()]
         saved = [t.detach().clone() for t in live]
@@ -210,6 +249,25 @@ class Stepper:
                     t.copy_(s)
             self.optimizer.zero_grad(set_to_none=False)
             self.backend.sync()
+
+
+class WarmUpReport:
+    """`Stepper.warm_up`'s `report` for a progress bar: says what compiles now, and how long
+    the previous graph took once the next starts."""
+
+    def __init__(self, bar: tqdm) -> None:
+        self.bar, self.what, self.started = bar, "", time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        if self.what:
+            self.bar.write(f"compiled {self.what}: {time.perf_counter() - self.started:.1f} s")
+        self.what, self.started = what, time.perf_counter()
+        if what:
+            self.bar.set_description_str(f"compiling {what} (first compile can take minutes)")
+
+
+TOTAL = "total"
+"""The name of the summed loss among the per-head losses `take_losses` returns."""
 
 
 def _shape_of(batch: Batch) -> str:

@@ -29,7 +29,7 @@ from flashlight.lib.text.decoder import (
 from flashlight.lib.text.decoder.kenlm import KenLM
 from flashlight.lib.text.dictionary import Dictionary
 
-from b2t.contract import BLANK_ID, N_CLASSES, SILENCE_ID
+from b2t.phonemes import BLANK_ID, N_CLASSES, SILENCE_ID
 from b2t.words.lexicon import Lexicon, Pronunciation
 from b2t.words.ngram import UNK
 

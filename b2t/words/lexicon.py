@@ -1,7 +1,7 @@
 """Pronunciation lexicons: which phoneme sequences spell which words.
 
 The word decoder may only output words whose pronunciation is listed here, so the lexicon
-and the language model must agree on how a word is written. `normalize_text` is that one
+and the language model must agree on how a word is written. `b2t.text` holds that one
 spelling rule (the competition's: lower case, no punctuation except apostrophes), used for
 lexicon words, LM corpora and decoded text alike.
 
@@ -17,14 +17,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from b2t.contract import BLANK_ID, SILENCE_ID
-from b2t.phonemes import PHONEME_IDS, PHONEMES
+from b2t.phonemes import BLANK_ID, PHONEME_IDS, PHONEMES, SILENCE_ID
+from b2t.text import is_word, normalize_text
 
 Pronunciation = tuple[int, ...]
 """Phoneme ids of one word, each in 1..39 (no blank, no SIL)."""
 
-_WORD = re.compile(r"[a-z']+")
-_NOT_KEPT = re.compile(r"[^a-z' ]+")
 _STRESS = re.compile(r"[0-9]+$")
 
 
@@ -32,22 +30,7 @@ class LexiconError(ValueError):
     """A lexicon source that cannot be used; the message names the file and line."""
 
 
-def normalize_text(text: str) -> str:
-    """The competition's text form: lower case, words of letters and apostrophes only.
-
-    Hyphens separate words ("well-known" -> "well known"); every other character outside
-    letters, apostrophes and spaces is dropped; runs of spaces become one.
-    """
-    kept = _NOT_KEPT.sub("", text.lower().replace("-", " "))
-    return " ".join(kept.split())
-
-
-def is_word(token: str) -> bool:
-    """True when `token` is one word in normalised form (what lexicon and LM may hold)."""
-    return _WORD.fullmatch(token) is not None
-
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _phoneme_id(symbol: str) -> int | None:
     """Our class id of an ARPAbet symbol (stress digit stripped), None outside 1..39."""
     i = PHONEME_IDS.get(_STRESS.sub("", symbol.upper()))

@@ -28,7 +28,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 
-from b2t.words.lexicon import normalize_text
+from b2t.text import normalize_text
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
 FALLBACK_DISCOUNT = 0.5

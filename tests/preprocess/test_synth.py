@@ -14,8 +14,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.contract import SILENCE_ID
-from b2t.phonemes import PHONEME_IDS
+from b2t.phonemes import PHONEME_IDS, SILENCE_ID
 from preprocess.synth import (
     LABEL_WIDTH,
     SPEC_NAME,

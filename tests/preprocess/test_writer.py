@@ -19,7 +19,7 @@ import torch
 import webdataset as wds
 
 from b2t.config import Config, DataConfig, ModelConfig
-from b2t.contract import FIELDS, BucketShape, empty_batch
+from b2t.contract import FIELDS, BucketShape, RowMeta, empty_batch
 from b2t.data.manifest import MANIFEST_NAME, Manifest
 from b2t.data.sample import decode_sample
 from preprocess import writer
@@ -236,8 +236,15 @@ def test_batch_problems_catch_what_the_contract_cannot():
     batch = empty_batch(shape)
     batch["valid"][0], batch["n_time_steps"][0], batch["phone_seq_lens"][0] = True, 10, 2
     batch["seq_class_ids"][0, :2] = torch.tensor([3, 40], dtype=torch.int32)
-    meta = {"rows": [{"group": "trial_0000"}, None]}
+    row = RowMeta(session="t15.2023.08.11", block=1, trial=0, group="trial_0000",
+                  file="t15.2023.08.11/data_train.hdf5", sentence="hi")
+    meta = {"rows": [row, None]}
     assert batch_problems(batch, meta, shape, n_sessions=1) == []
+    assert batch_problems(batch, {"rows": [{"group": "trial_0000"}, None]}, shape, n_sessions=1) == [
+        "meta row 0 has keys ['group'], the contract says "
+        "['block', 'file', 'group', 'sentence', 'session', 'trial']"]
+    assert batch_problems(batch, {"rows": [None, row]}, shape, n_sessions=1) == [
+        "meta rows disagree with the valid mask"]
     batch["features"][0, 12, 5] = 1.0  # beyond the row's 10 bins
     batch["day_indices"][1] = 3
     problems = batch_problems(batch, meta, shape, n_sessions=1)

@@ -1,4 +1,4 @@
-"""The torch_xla 2.9 dynamo-bridge bug `b2t.train.parallel.spmd_openxla` works around, in brief.
+"""The torch_xla 2.9 dynamo-bridge bug `b2t.train.backend.spmd_openxla` works around, in brief.
 
 On an SPMD mesh, `torch.compile(backend="openxla")` of `bmm(x, W.expand(B, ...))` gives the
 right gradient of W on the first call and a wrong one from the second call on: the compiled
@@ -23,7 +23,7 @@ def main() -> None:
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from b2t.train.parallel import spmd_openxla
+    from b2t.train.backend import spmd_openxla
 
     xr.use_spmd()
     n = xr.global_runtime_device_count()

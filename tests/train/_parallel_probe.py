@@ -20,9 +20,9 @@ from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from b2t.train.loop import build_model
+from b2t.train.loop import run_model
+from b2t.train.mesh import SpmdMesh, enable_spmd, parse_devices, sharding_spec
 from b2t.train.optim import make_optimizer
-from b2t.train.parallel import SpmdMesh, enable_spmd, parse_devices, sharding_spec
 from b2t.train.step import Stepper
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
@@ -46,7 +46,7 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     cfg = load_config(TINY, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, mesh=mesh)
-    model = build_model(manifest, cfg, backend)
+    model = run_model(manifest, cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
     load_checkpoint(init, model, optimizer)
     stepper = Stepper(model, optimizer, backend, cfg)

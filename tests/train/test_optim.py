@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from b2t.config import OptimConfig
+from b2t.model.layers import DayLayer
 from b2t.train.optim import lr_at, make_optimizer, param_groups, set_lrs
 
 XLA = torch_xla.device()
@@ -33,14 +34,16 @@ class Toy(nn.Module):
     def __init__(self, seed: int = 0) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.day_weights = nn.Parameter(torch.randn((3, 4, 4), dtype=torch.float32, device="cpu"))
-        self.day_biases = nn.Parameter(torch.randn((3, 1, 4), dtype=torch.float32, device="cpu"))
+        self.day = DayLayer(3, 4)
+        with torch.no_grad():
+            self.day.weight.copy_(torch.randn((3, 4, 4), dtype=torch.float32, device="cpu"))
+            self.day.bias.copy_(torch.randn((3, 1, 4), dtype=torch.float32, device="cpu"))
         self.gru = _Gru()
         self.h0 = nn.Parameter(torch.randn((1, 1, 6), dtype=torch.float32, device="cpu"))
         self.out = nn.Linear(6, 2, dtype=torch.float32, device="cpu")
 
     def forward(self, x: torch.Tensor, day: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(torch.einsum("bi,bij->bj", x, self.day_weights[day]) + self.day_biases[day][:, 0])
+        x = torch.tanh(torch.einsum("bi,bij->bj", x, self.day.weight[day]) + self.day.bias[day][:, 0])
         h = torch.tanh(x @ self.gru.weight_ih_l0.T + self.gru.bias_ih_l0 + self.h0[0])
         return self.out(h)
 
@@ -86,7 +89,7 @@ def test_groups_cover_every_parameter_once_with_the_reference_decay():
     assert by_group == {
         "decay": ["gru.weight_ih_l0", "h0", "out.weight"],
         "no_decay": ["gru.bias_ih_l0"],
-        "day": ["day_biases", "day_weights"],
+        "day": ["day.bias", "day.weight"],
     }
     assert {g["name"]: g["weight_decay"] for g in groups} == {"decay": 0.05, "no_decay": 0.0, "day": 0.01}
 

@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from b2t.config import load_config
+from b2t.config import MeshConfig, load_config
 from b2t.contract import BucketShape
 from b2t.data.manifest import Manifest
 from b2t.model.decoder import GRUDecoder
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
-from b2t.train.loop import TrainingError, _check_same_readers, build_model, weights_digest
+from b2t.train.loop import TrainingError, check_same_readers, run_model, weights_digest
+from b2t.train.mesh import ParallelError, check_divisible, parse_devices
 from b2t.train.optim import make_optimizer
-from b2t.train.parallel import (Layout, ParallelError, check_divisible, make_layout, parse_devices,
-                                torchrun_rank_world)
+from b2t.train.parallel import Layout, make_layout, torchrun_rank_world
 from b2t.train.step import Stepper
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
@@ -69,7 +69,7 @@ def _single_device_checkpoint(shards: Path, path: Path) -> Path:
     """A checkpoint written on one XLA device: initial weights and AdamW's zero moments."""
     cfg = load_config(probe.TINY, ["train.backend=xla"])
     backend = make_backend("xla")
-    model = build_model(Manifest.load(shards), cfg, backend)
+    model = run_model(Manifest.load(shards), cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
     Stepper(model, optimizer, backend, cfg)  # creates the moments
     return save_checkpoint(path, model, optimizer, TrainState())
@@ -82,7 +82,7 @@ def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.parametrize("backend", ["xla", "openxla"])
+@pytest.mark.parametrize("backend", ["xla", pytest.param("openxla", marks=pytest.mark.slow)])
 def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path, backend):
     init = _single_device_checkpoint(shards, tmp_path / "init.safetensors")
     (tmp_path / "spmd").mkdir()
@@ -228,24 +228,24 @@ def test_indivisible_buckets_are_refused_naming_both_numbers():
 def test_layouts_refuse_what_cannot_run(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
-    assert make_layout("xla", None) == (Layout("single"), None, None)
-    assert make_layout("eager", None) == (Layout("single"), None, None)
+    assert make_layout("xla", MeshConfig()) == (Layout("single"), None, None)
+    assert make_layout("eager", MeshConfig()) == (Layout("single"), None, None)
     with pytest.raises(ParallelError, match="torchrun --nproc-per-node N"):
-        make_layout("inductor", -1)
+        make_layout("inductor", MeshConfig(data=-1))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(ParallelError, match="SPMD in one process per host"):
-        make_layout("openxla", -1)
+        make_layout("openxla", MeshConfig(data=-1))
     with pytest.raises(ParallelError, match="--devices 3 differs from torchrun's 2 processes"):
-        make_layout("eager", 3)
+        make_layout("eager", MeshConfig(data=3))
 
 
 def test_resume_under_another_reader_count_is_refused(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "layout", "parallel": "ddp", "world": 2}) + "\n")
-    _check_same_readers(tmp_path, Layout("ddp", rank=0, world=2, devices=2))
+    check_same_readers(tmp_path, Layout("ddp", rank=0, world=2, devices=2))
     with pytest.raises(TrainingError, match="trained with 2 data readers .* this run has 1: resume with 2"):
-        _check_same_readers(tmp_path, Layout("single"))
+        check_same_readers(tmp_path, Layout("single"))
 
 
 def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
@@ -260,7 +260,7 @@ def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
     try:
         cfg = load_config(probe.TINY, ["train.backend=eager", f"train.grad_accum={grad_accum}"])
         manifest, backend = Manifest.load(shards), make_backend("eager", "cpu")
-        model = build_model(manifest, cfg, backend)
+        model = run_model(manifest, cfg, backend)
         ddp = wrap_ddp(model, backend.device)
         calls = []
         ddp.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(state, bucket))
@@ -286,4 +286,4 @@ def test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has():
     assert max(errors["spmd_openxla"]) < 1e-5, errors
     assert errors["openxla"][0] < 1e-5 and errors["openxla"][1] > 0.1, (
         f"stock openxla under SPMD no longer reuses the first call's saved input ({errors}): "
-        "torch_xla fixed its bridge, so b2t.train.parallel.spmd_openxla can go")
+        "torch_xla fixed its bridge, so b2t.train.backend.spmd_openxla can go")

@@ -13,8 +13,8 @@ from b2t.cli import train_main
 from b2t.config import load_config
 from b2t.contract import BucketShape
 from b2t.model.decoder import GRUDecoder
-from b2t.train.plan import (GiB, activation_bytes, count_parameters, format_plan, largest_rows, parse_bytes,
-                            plan_memory, step_bytes)
+from b2t.model.registry import count_parameters
+from b2t.train.plan import GiB, activation_bytes, format_plan, largest_rows, parse_bytes, plan_memory, step_bytes
 from tests.strategies import model_configs
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -27,7 +27,10 @@ REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
 @given(n_days=st.integers(1, 6), cfg=model_configs())
 def test_parameter_count_is_the_model_s(n_days, cfg):
     model = GRUDecoder(n_days, cfg, xla=False)
-    assert count_parameters(n_days, cfg) == sum(p.numel() for p in model.parameters())
+    counts = count_parameters(cfg, n_days)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts == {"day": n_days * (512 * 512 + 512), "gru": sum(p.numel() for p in model.gru.parameters()),
+                      "out": sum(p.numel() for p in model.out.parameters()), "total": counts["total"]}
 
 
 def test_baseline_with_45_days_has_the_reference_size_and_4_bytes_per_weight():
@@ -62,7 +65,7 @@ def test_more_devices_need_less_memory_each_and_spmd_counts_the_update_copies():
 def test_largest_micro_batch_fits_and_one_more_row_does_not(budget_gib, devices):
     budget = int(budget_gib * GiB)
     shape = REAL_BUCKETS[-1]
-    n_params = count_parameters(45, BASELINE.model)
+    n_params = count_parameters(BASELINE.model, 45)["total"]
     rows = largest_rows(shape, budget, n_params, BASELINE.model, spmd=devices > 1)
     if rows:
         assert step_bytes(rows, shape, n_params, BASELINE.model, devices > 1) <= budget

@@ -9,8 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.contract import BLANK_ID, N_CLASSES, SILENCE_ID
-from b2t.phonemes import PHONEME_IDS
+from b2t.phonemes import BLANK_ID, N_CLASSES, PHONEME_IDS, SILENCE_ID
 from b2t.words.beam import MAX_HOMOPHONES, BeamOptions, WordDecoder, _edit_distances, _padded
 from b2t.words.lexicon import Lexicon
 from b2t.words.ngram import build_arpa

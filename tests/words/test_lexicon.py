@@ -7,20 +7,11 @@ from click.testing import CliRunner
 
 from b2t.phonemes import PHONEME_IDS
 from b2t.words.cli import main
-from b2t.words.lexicon import Lexicon, LexiconError, cmu_lexicon, load_lexicon, normalize_text
+from b2t.words.lexicon import Lexicon, LexiconError, cmu_lexicon, load_lexicon
 
 
 def ids(phonemes: str) -> tuple[int, ...]:
     return tuple(PHONEME_IDS[p] for p in phonemes.split())
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("The Cat's hat, said--the CAT!", "the cat's hat said the cat"),
-    ("well-known  42 things.", "well known things"),
-    ("  ", ""),
-])
-def test_normalize_text(text: str, expected: str) -> None:
-    assert normalize_text(text) == expected
 
 
 def test_load_keeps_alternatives_and_strips_stress(tmp_path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 from click.testing import CliRunner
 from flashlight.lib.text.decoder.kenlm import KenLM

@@ -1,0 +1,87 @@
+"""The register of torch_xla (and torch) behaviours b2t works around, measured on 2.9.0.
+
+One entry per workaround: what goes wrong, what b2t does instead and where, the version it
+was measured on, and the sentinel test that reproduces the problem with the plain API. A
+sentinel asserts the problem is still there, so it fails on the upgrade that fixes it:
+then the workaround can go (and its entry with it). Entries whose problem is a crash that
+cannot be reproduced on demand say so instead of naming a sentinel.
+
+`tests/test_xla_workarounds.py` checks that every named sentinel exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEASURED_ON = "torch 2.9.0, torch_xla 2.9.0"
+
+
+@dataclass(frozen=True)
+class Workaround:
+    key: str
+    problem: str  # what the plain API does wrong
+    fix: str  # what b2t does instead, and where
+    sentinel: str | None  # tests/<file>.py::<test> that reproduces `problem`, or None
+    no_sentinel: str = ""  # why there is none (a crash that cannot be reproduced on demand)
+
+
+WORKAROUNDS: tuple[Workaround, ...] = (
+    Workaround(
+        "gru-rebind",
+        "`import torch_xla` rebinds `torch.nn.GRU` process-wide to a scan GRU that rejects CPU and CUDA tensors.",
+        "b2t.model.layers.GRUStack takes torch's own class from torch.nn.modules.rnn and runs `torch.gru` off XLA.",
+        "tests/test_xla_workarounds.py::test_sentinel_import_torch_xla_rebinds_nn_gru",
+    ),
+    Workaround(
+        "scan-in-dynamo",
+        "torch.compile(backend='openxla') over a function that calls torch_xla's `scan` fails to trace.",
+        "The GRU (b2t.model.layers.GRUStack.forward) and the CTC scan (b2t.model.ctc) are torch.compiler.disable islands.",
+        "tests/test_xla_workarounds.py::test_sentinel_openxla_cannot_trace_scan",
+    ),
+    Workaround(
+        "special-scalars",
+        "A 0-dim host value of 0 or 1 uploaded to XLA is traced as a graph constant, so a later value makes a new graph.",
+        "Loss accumulators are (1,) tensors (b2t.train.step.Stepper.take_losses); learning rates are (1,) tensors "
+        "written in place (b2t.train.optim).",
+        "tests/test_xla_workarounds.py::test_sentinel_zero_dim_zero_is_a_graph_constant",
+    ),
+    Workaround(
+        "openxla-rng-in-graph",
+        "Under torch.compile(backend='openxla') a dropout inside the compiled graph draws the same mask every call.",
+        "Models declare their masks (b2t.model.masks.DropoutMask); the step draws them outside the compiled region.",
+        None,
+        "seen in the full training step with its islands (val PER stuck near 1 while the lazy backend learned); "
+        "a compiled dropout on its own, reseeded per call, draws new masks, so there is no small reproduction",
+    ),
+    Workaround(
+        "autograd-device-queue",
+        "A CPU backward before the XLA device exists sets up autograd's device queues without it, and the first "
+        "XLA backward then fails an internal assert.",
+        "The trainer creates its backend (the XLA device) before any backward; tests/conftest.py does so for the suite.",
+        "tests/test_xla_workarounds.py::test_sentinel_cpu_backward_before_the_xla_device_breaks_xla_backward",
+    ),
+    Workaround(
+        "spmd-bridge-backward",
+        "Under SPMD, dynamo's compiled backward graph re-run by the openxla bridge reads a forward input from the "
+        "first call's buffer (wrong day-layer gradients from step 2).",
+        "b2t.train.backend.spmd_openxla: openxla forward graphs, backward graphs traced lazily into the step.",
+        "tests/train/test_parallel.py::test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has",
+    ),
+    Workaround(
+        "spmd-param-aliasing",
+        "Under SPMD with buffer aliasing on, which inputs XLA may donate depends on which graph last wrote the "
+        "weights, so a bucket revisited after another bucket's step compiles its step graph again.",
+        "b2t.train.mesh.enable_spmd sets XLA_ENABLE_PARAM_ALIASING=0 unless the user set it (the planner counts the copy).",
+        None,
+        "shown only by a multi-bucket SPMD training run; tests/train/test_parallel.py::"
+        "test_spmd_training_compiles_only_in_its_warm_up fails if it is dropped",
+    ),
+    Workaround(
+        "spmd-async-trace",
+        "Under SPMD, tracing the next step while the mesh still runs this one crashed the process inside torch_xla "
+        "(a segfault building the scan backward's lowering, or a collective rendezvous timeout) within a few steps.",
+        "b2t.train.backend.Backend.sync waits for each step on a mesh.",
+        None,
+        "an intermittent crash: no test can make it happen on demand",
+    ),
+)
