@@ -23,6 +23,11 @@ import yaml
 BACKENDS = ("openxla", "xla", "inductor", "eager")
 """How the step is compiled (`b2t.train.backend`): torch.compile on XLA, lazy whole-step XLA
 tracing, torch.compile with inductor (CUDA or CPU), or plain PyTorch."""
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""The repository's configs/: baseline.yaml (the reference recipe) and tiny.yaml (tests, tools, the demo)."""
+BASELINE_CONFIG = CONFIG_DIR / "baseline.yaml"
+TINY_CONFIG = CONFIG_DIR / "tiny.yaml"
+
 XLA_BACKENDS = ("openxla", "xla")
 """The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 

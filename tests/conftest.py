@@ -23,7 +23,7 @@ settings.load_profile("b2t")
 
 import pytest  # noqa: E402
 
-TINY_CONFIG = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+from b2t.config import TINY_CONFIG  # noqa: E402
 
 
 @pytest.fixture(scope="session")

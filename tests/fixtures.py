@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from b2t.config import load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.train.loop import RunOptions, train
 from b2t.words.cli import main as lm_main
 from preprocess.cli import main as preprocess_main
 from preprocess.synth import main as synth_main
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 SYNTH_ARGS = ("--sessions", "2", "--train-trials", "40", "--val-trials", "10", "--test-trials", "10",
               "--words", "2", "5", "--rest-bins", "5", "10", "--noise-std", "0.3", "--drift-std", "0.1",
               "--offset-std", "0.1", "--seed", "3")
@@ -54,10 +53,11 @@ def _invoke(command, *args: object) -> str:
 def build_trained_run(root: Path) -> TrainedRun:
     hdf5, shards = root / "hdf5_data_final", root / "shards"
     _invoke(synth_main, hdf5, *SYNTH_ARGS)
-    _invoke(preprocess_main, hdf5, shards, "--config", TINY, *(a for o in DATA_OVERRIDES for a in ("--set", o)),
+    _invoke(preprocess_main, hdf5, shards, "--config", TINY_CONFIG, *(a for o in DATA_OVERRIDES for a in ("--set", o)),
             "--no-progress")
     _invoke(lm_main, "build", hdf5 / "corpus.txt", "-o", root / "lm.arpa")
-    summary = train(shards, root / "run", load_config(TINY, DATA_OVERRIDES + TRAIN_OVERRIDES), RunOptions(progress=False))
+    cfg = load_config(TINY_CONFIG, DATA_OVERRIDES + TRAIN_OVERRIDES)
+    summary = train(shards, root / "run", cfg, RunOptions(progress=False))
     return TrainedRun(hdf5=hdf5, shards=shards, checkpoint=root / "run" / "best.safetensors",
                       lexicon=hdf5 / "lexicon.txt", lm=root / "lm.arpa", summary=summary)
 

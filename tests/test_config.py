@@ -1,12 +1,11 @@
 """The config schema: the shipped YAML files load, unknown keys fail with a hint, overrides parse."""
 
-from pathlib import Path
 
 import pytest
 
-from b2t.config import Config, ConfigError, load_config
+from b2t.config import CONFIG_DIR, Config, ConfigError, load_config
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = CONFIG_DIR
 
 
 @pytest.mark.parametrize("name", ["baseline.yaml", "tiny.yaml"])

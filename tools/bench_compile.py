@@ -32,7 +32,7 @@ import torch_xla.debug.metrics as met
 from torch import nn
 from tqdm import tqdm
 
-from b2t.config import Config, load_config
+from b2t.config import TINY_CONFIG, Config, load_config
 from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
@@ -42,8 +42,6 @@ from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
-
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 
 
 def compilations() -> int:
@@ -109,14 +107,14 @@ def timed(fn) -> float:
 
 def _stepper(name: str, manifest: Manifest) -> tuple[Stepper, torch.device]:
     backend = make_backend(name, "cpu" if name == "eager" else None)
-    cfg = load_config(TINY, [f"train.backend={name}"])
+    cfg = load_config(TINY_CONFIG, [f"train.backend={name}"])
     model = run_model(manifest, cfg, backend)
     return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
 
 def _reference(manifest: Manifest) -> tuple[ReferenceDecoder, torch.optim.Optimizer, torch.device]:
     device = torch_xla.device()
-    ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY)).to(device)
+    ref = ReferenceDecoder(len(manifest.sessions), load_config(TINY_CONFIG)).to(device)
     return ref, torch.optim.AdamW(ref.parameters(), lr=1e-3), device
 
 
@@ -174,7 +172,7 @@ def run_part(part: str, root: Path, args: argparse.Namespace) -> object:
     kind, pipeline = part.split(":")
     manifest = Manifest.load(root / "shards")
     if kind == "first":
-        cfg = load_config(TINY)  # T must be patch-aligned for b2t's step; the reference takes any T
+        cfg = load_config(TINY_CONFIG)  # T must be patch-aligned for b2t's step; the reference takes any T
         lengths = [T - (T - cfg.model.patch_size) % cfg.model.patch_stride for T in args.lengths]
         return list(zip(lengths, first_step_seconds(pipeline, manifest, lengths, B=4)))
     if kind == "count":
@@ -203,7 +201,7 @@ def main() -> None:
         return
     if not (root / "shards" / "manifest.json").exists():
         write_dataset(SynthSpec(sessions=5, seed=0), root / "hdf5")
-        prepare_dataset(root / "hdf5", root / "shards", load_config(TINY), workers=1, progress=False)
+        prepare_dataset(root / "hdf5", root / "shards", load_config(TINY_CONFIG), workers=1, progress=False)
     manifest = Manifest.load(root / "shards")
     print(f"# b2t compile benchmark, XLA {os.environ.get('PJRT_DEVICE', 'CPU')} device, "
           f"tiny config, {len(manifest.buckets)} buckets")

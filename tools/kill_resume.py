@@ -24,7 +24,8 @@ from pathlib import Path
 
 import click
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+from b2t.config import TINY_CONFIG
+
 TRAIN = "from b2t.cli import train_main; train_main()"
 SETS = ("train.steps=40", "train.checkpoint_every=7", "train.log_every=5", "train.val_every=20",
         "optim.warmup_steps=5", "optim.decay_steps=40")
@@ -36,14 +37,14 @@ def make_dataset(work: Path) -> Path:
     from preprocess.writer import prepare_dataset
 
     write_dataset(SynthSpec(sessions=2, train_trials=24, val_trials=6, test_trials=0, seed=1), work / "hdf5")
-    cfg = load_config(TINY, ["data.batch_size=8", "data.epochs=1"])
+    cfg = load_config(TINY_CONFIG, ["data.batch_size=8", "data.epochs=1"])
     prepare_dataset(work / "hdf5", work / "shards", cfg, splits=("train", "val"), progress=False)
     return work / "shards"
 
 
 def command(shards: Path, run: Path, resume: bool) -> list[str]:
     sets = [a for s in SETS for a in ("--set", s)]
-    return [sys.executable, "-c", TRAIN, str(shards), str(run), "--config", str(TINY), "--backend", "eager",
+    return [sys.executable, "-c", TRAIN, str(shards), str(run), "--config", str(TINY_CONFIG), "--backend", "eager",
             "--device", "cpu", "--no-progress", *sets, *(["--resume"] if resume else [])]
 
 

@@ -10,13 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.config import load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.data.loader import Batch, StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import SPLITS, Manifest
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
-
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +22,7 @@ def shards(tmp_path_factory) -> Path:
     """Small shards (2 batches each), so every split has several: 3 sessions, 2 train compositions."""
     root = tmp_path_factory.mktemp("hosts")
     write_dataset(SynthSpec(sessions=3, train_trials=24, val_trials=8, test_trials=8, seed=1), root / "hdf5")
-    cfg = load_config(TINY, ["data.batches_per_shard=2", "data.epochs=2"])
+    cfg = load_config(TINY_CONFIG, ["data.batches_per_shard=2", "data.epochs=2"])
     prepare_dataset(root / "hdf5", root / "shards", cfg, workers=1, progress=False)
     return root / "shards"
 

@@ -13,14 +13,12 @@ import torch
 import webdataset as wds
 from click.testing import CliRunner
 
-from b2t.config import load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.data.manifest import Manifest
 from b2t.data.sample import decode_sample
 from preprocess.cli import main
 from preprocess.synth import main as synth_main
 from preprocess.synth import write_trial
-
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 
 
 def _run(*args: object) -> tuple[int, str]:
@@ -40,12 +38,12 @@ def synth_tree(tmp_path_factory) -> Path:
 
 def test_end_to_end_shapes_dtypes_and_verify(synth_tree, tmp_path):
     out = tmp_path / "shards"
-    code, output = _run(synth_tree, out, "--config", TINY, "--epochs", "2", "--workers", "2", "--no-progress")
+    code, output = _run(synth_tree, out, "--config", TINY_CONFIG, "--epochs", "2", "--workers", "2", "--no-progress")
     assert code == 0, output
     assert "buckets (T x B, L labels):" in output and "exclusions: 0" in output
     manifest = Manifest.load(out)
     assert len(manifest.sessions) == 5
-    k = load_config(TINY).data.n_buckets
+    k = load_config(TINY_CONFIG).data.n_buckets
     shapes = defaultdict(set)
     for sample in wds.WebDataset([str(out / s.name) for s in manifest.shards], shardshuffle=False):
         tensors, meta = decode_sample(sample)
@@ -75,7 +73,7 @@ def test_help_explains_both_commands():
 
 
 def test_bad_config_key_is_one_clean_line(synth_tree, tmp_path):
-    code, output = _run(synth_tree, tmp_path / "out", "--config", TINY, "--set", "data.batchsize=8")
+    code, output = _run(synth_tree, tmp_path / "out", "--config", TINY_CONFIG, "--set", "data.batchsize=8")
     assert code == 1 and "unknown key in section 'data' 'batchsize'; did you mean 'batch_size'?" in output
     bad = tmp_path / "bad.yaml"
     bad.write_text("data:\n  n_bucket: 3\n")
@@ -97,10 +95,10 @@ def test_bad_trial_fails_naming_it_or_is_excluded(synth_tree, tmp_path):
         # valid data, but too short for the model: batching must exclude it, not the reader
         write_trial(f, len(f), np.zeros((10, 512), np.float32), session=session, block=9, trial=0,
                     labels=[5, 6], sentence="hi")
-    code, output = _run(src, tmp_path / "out", "--config", TINY, "--splits", "val,test", "--no-progress")
+    code, output = _run(src, tmp_path / "out", "--config", TINY_CONFIG, "--splits", "val,test", "--no-progress")
     assert code == 1
     assert f"{session}/data_val.hdf5: trial_0001: input_features has NaN/Inf at row 4, channel 7" in output
-    code, output = _run(src, tmp_path / "out", "--config", TINY, "--splits", "val,test", "--skip-bad", "--no-progress")
+    code, output = _run(src, tmp_path / "out", "--config", TINY_CONFIG, "--splits", "val,test", "--skip-bad", "--no-progress")
     assert code == 0 and "exclusions: 2 (listed in" in output, output
     bad, short = Manifest.load(tmp_path / "out").exclusions
     assert (bad.file, bad.trial) == (f"{session}/data_val.hdf5", "trial_0001") and "NaN" in bad.reason
@@ -113,7 +111,7 @@ def test_refuses_a_foreign_output_directory(synth_tree, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "thesis.pdf").write_bytes(b"%PDF")
-    code, output = _run(synth_tree, out, "--config", TINY, "--no-progress")
+    code, output = _run(synth_tree, out, "--config", TINY_CONFIG, "--no-progress")
     assert code == 1 and "is not empty and holds no b2t-preprocess run" in output
     assert (out / "thesis.pdf").exists()
 
@@ -122,7 +120,7 @@ def test_an_empty_session_folder_is_warned_about_and_recorded(synth_tree, tmp_pa
     src = tmp_path / "src"
     shutil.copytree(synth_tree, src)
     (src / "t15.2099.01.01").mkdir()  # a day whose files never arrived
-    result = CliRunner().invoke(main, [str(src), str(tmp_path / "out"), "--config", str(TINY),
+    result = CliRunner().invoke(main, [str(src), str(tmp_path / "out"), "--config", str(TINY_CONFIG),
                                        "--splits", "val,test", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert "warning: t15.2099.01.01: empty folder" in result.stderr

@@ -19,7 +19,7 @@ import torch
 import webdataset as wds
 
 from b2t.config import Config, DataConfig, ModelConfig
-from b2t.contract import FIELDS, BucketShape, RowMeta, empty_batch
+from b2t.contract import FIELDS
 from b2t.data.manifest import MANIFEST_NAME, Manifest
 from b2t.data.sample import decode_sample
 from preprocess import writer
@@ -229,37 +229,6 @@ def test_verify_names_the_flipped_shard(clean, tmp_path):
     assert not report.ok
     assert len(report.errors) == 1 and report.errors[0].startswith("val-00000.tar: sha256")
     assert report.warnings and "test-00099.tar" in report.warnings[0]
-
-
-def test_batch_problems_catch_what_the_contract_cannot():
-    shape = BucketShape(T=18, B=2, L=8)
-    batch = empty_batch(shape)
-    batch["valid"][0], batch["n_time_steps"][0], batch["phone_seq_lens"][0] = True, 10, 2
-    batch["seq_class_ids"][0, :2] = torch.tensor([3, 40], dtype=torch.int32)
-    row = RowMeta(session="t15.2023.08.11", block=1, trial=0, group="trial_0000",
-                  file="t15.2023.08.11/data_train.hdf5", sentence="hi")
-    meta = {"rows": [row, None]}
-    assert batch_problems(batch, meta, shape, n_sessions=1) == []
-    assert batch_problems(batch, {"rows": [{"group": "trial_0000"}, None]}, shape, n_sessions=1) == [
-        "meta row 0 has keys ['group'], the contract says "
-        "['block', 'file', 'group', 'sentence', 'session', 'trial']"]
-    assert batch_problems(batch, {"rows": [None, row]}, shape, n_sessions=1) == [
-        "meta rows disagree with the valid mask"]
-    batch["features"][0, 12, 5] = 1.0  # beyond the row's 10 bins
-    batch["day_indices"][1] = 3
-    problems = batch_problems(batch, meta, shape, n_sessions=1)
-    assert any("beyond a row's n_time_steps" in p for p in problems)
-    assert any("day_indices outside 0..0" in p for p in problems)
-
-
-def test_batch_problems_catch_non_finite_features():
-    shape = BucketShape(T=18, B=2, L=8)
-    batch = empty_batch(shape)
-    batch["valid"][0], batch["n_time_steps"][0], batch["phone_seq_lens"][0] = True, 10, 2
-    batch["seq_class_ids"][0, :2] = torch.tensor([3, 40], dtype=torch.int32)
-    batch["features"][0, 4, 7] = float("inf")
-    problems = batch_problems(batch, {"rows": [{"group": "trial_0000"}, None]}, shape, n_sessions=1)
-    assert "features are NaN/Inf at row 0, bin 4, channel 7" in problems
 
 
 def _failing_job(job: str) -> str:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from b2t.config import load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.train.backend import make_backend
@@ -25,7 +25,6 @@ from b2t.train.mesh import SpmdMesh, enable_spmd, parse_devices, sharding_spec
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 ORDER = (0, 0, 1, 0, 1)
 """Buckets of the stepped batches: each bucket comes back after the other was compiled."""
 
@@ -43,7 +42,7 @@ def probe_batches(shards: Path, manifest: Manifest) -> list[Batch]:
 
 def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_name: str = "xla") -> dict[str, Any]:
     """Step ORDER's batches from checkpoint `init`, eval the last one; save out_dir/final.safetensors."""
-    cfg = load_config(TINY, [f"train.backend={backend_name}"])
+    cfg = load_config(TINY_CONFIG, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, mesh=mesh)
     model = run_model(manifest, cfg, backend)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from b2t.config import config_from_dict, load_config
+from b2t.config import TINY_CONFIG, config_from_dict, load_config
 from b2t.data.manifest import Manifest
 from b2t.import_baseline import import_baseline
 from b2t.model.registry import build_model
@@ -15,7 +15,6 @@ from b2t.train.loop import RunOptions, train
 from b2t.train.metrics_log import read_records
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
-from tests.conftest import TINY_CONFIG
 from tests.test_import_baseline import (
     SESSIONS,
     SIZES,

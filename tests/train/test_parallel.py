@@ -18,13 +18,12 @@ import pytest
 import torch
 
 from b2t.config import MeshConfig, load_config
-from b2t.contract import BucketShape
 from b2t.data.manifest import Manifest
 from b2t.model.decoder import GRUDecoder
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
 from b2t.train.loop import TrainingError, check_same_readers, run_model, weights_digest
-from b2t.train.mesh import ParallelError, check_divisible, parse_devices
+from b2t.train.mesh import ParallelError
 from b2t.train.optim import make_optimizer
 from b2t.train.parallel import Layout, make_layout, torchrun_rank_world
 from b2t.train.step import Stepper
@@ -196,33 +195,11 @@ def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(shards, tmp_p
     assert weights_digest(model) == summaries[0]["weights_sha256"]
 
 
-@pytest.mark.parametrize(("devices", "mesh", "want"), [
-    (None, None, None), ("all", None, -1), ("4", None, 4), (None, "data=8", 8), (None, " data = all ", -1)])
-def test_devices_and_mesh_options(devices, mesh, want):
-    assert parse_devices(devices, mesh) == want
-
-
-@pytest.mark.parametrize(("devices", "mesh", "message"), [
-    ("0", None, "write 'all' or a positive device count"),
-    ("two", None, "write 'all' or a positive device count"),
-    (None, "model=4", "only a 1-D data mesh is supported"),
-    ("4", "data=4", "give --devices or --mesh, not both")])
-def test_bad_device_options_are_refused(devices, mesh, message):
-    with pytest.raises(ParallelError, match=message):
-        parse_devices(devices, mesh)
-
-
 def test_rank_and_world_come_from_torchrun():
     assert torchrun_rank_world({}) is None
     assert torchrun_rank_world({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}) == (3, 8, 1)
     with pytest.raises(ParallelError, match="WORLD_SIZE is set but RANK, LOCAL_RANK are not"):
         torchrun_rank_world({"WORLD_SIZE": "2"})
-
-
-def test_indivisible_buckets_are_refused_naming_both_numbers():
-    check_divisible([BucketShape(T=100, B=16, L=8), BucketShape(T=200, B=8, L=8)], 4)
-    with pytest.raises(ParallelError, match=r"do not divide over 4 devices in buckets T=300 B=6: .*row_multiple=4"):
-        check_divisible([BucketShape(T=100, B=16, L=8), BucketShape(T=300, B=6, L=8)], 4)
 
 
 def test_layouts_refuse_what_cannot_run(monkeypatch):

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.cli import train_main
-from b2t.config import load_config
+from b2t.config import BASELINE_CONFIG, TINY_CONFIG, load_config
 from b2t.contract import BucketShape
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters
 from b2t.train.plan import GiB, activation_bytes, format_plan, largest_rows, parse_bytes, plan_memory, step_bytes
 from tests.strategies import model_configs
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-BASELINE = load_config(CONFIGS / "baseline.yaml")
-TINY = load_config(CONFIGS / "tiny.yaml")
+BASELINE = load_config(BASELINE_CONFIG)
+TINY = load_config(TINY_CONFIG)
 REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
                 BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88)]
 """A bucket table like the real data's (trials of 100-2,500 bins, phoneme sequences up to 80)."""
@@ -98,7 +95,7 @@ def test_cli_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
 
     write_dataset(SynthSpec(sessions=2, train_trials=8, val_trials=2, test_trials=2, seed=4), tmp_path / "hdf5")
     prepare_dataset(tmp_path / "hdf5", tmp_path / "shards", TINY, splits=("train",), workers=1, progress=False)
-    result = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(CONFIGS / "tiny.yaml"),
+    result = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
                                              "--plan", "--devices", "4", "--device-memory", "1GiB"])
     assert result.exit_code == 0, result.output
     for b in Manifest.load(tmp_path / "shards").buckets:

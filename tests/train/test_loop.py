@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from b2t.cli import train_main
-from b2t.config import load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
@@ -19,7 +19,6 @@ from b2t.train.loop import RunOptions, TrainingError, run_model, train
 from b2t.train.metrics_log import TENSORBOARD_DIR
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
-from tests.conftest import TINY_CONFIG
 
 OPENXLA_PER_150 = 0.388
 """Val PER of the tiny config after 150 openxla steps, as measured on the XLA CPU device (chance is 1.0)."""
