@@ -1,10 +1,21 @@
 # Two entry points: `make demo` and `make test`. Both install into .venv first when needed.
+# TARGET=tpu (the default on a host with a TPU) also installs the TPU runtime (the `tpu`
+# extra: torch_xla[tpu], which pins libtpu) and runs on PJRT_DEVICE=TPU; TARGET=cpu does not.
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
-STAMP   := $(VENV)/.b2t-installed
 DEMO    ?= demo_out
 BENCH   ?= bench_out
+TARGET  ?= $(if $(wildcard /dev/accel0 /dev/vfio/0),tpu,cpu)
+ifeq ($(TARGET),tpu)
+EXTRAS  := test,spmd,tpu
+export PJRT_DEVICE ?= TPU
+else ifeq ($(TARGET),cpu)
+EXTRAS  := test,spmd
 export PJRT_DEVICE ?= CPU
+else
+$(error TARGET=$(TARGET): choose tpu or cpu)
+endif
+STAMP   := $(VENV)/.b2t-installed-$(TARGET)
 
 .PHONY: install demo test test-all lint bench clean
 
@@ -15,7 +26,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,spmd]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 # End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training ->
@@ -26,6 +37,7 @@ demo: install
 	$(VENV)/bin/b2t-preprocess verify $(DEMO)/shards
 	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config configs/tiny.yaml --backend openxla \
 		$(if $(wildcard $(DEMO)/run/last.safetensors),--resume)
+	$(VENV)/bin/b2t-report $(DEMO)/run
 	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.arpa
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split val \
 		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_val

@@ -22,6 +22,14 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(_TEMP_PREFIX) and name.endswith(_TEMP_SUFFIX)
 
 
+def remove_stale_temps(directory: Path) -> list[Path]:
+    """Delete the temp files a killed writer left in `directory` (call before writing there)."""
+    stale = [p for p in sorted(directory.iterdir()) if is_temp_name(p.name) and p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
 def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from b2t.cli_errors import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, Config, ConfigError, load_config
 
 config_option = click.option(
@@ -25,7 +26,7 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path), required=False)
 @config_option
@@ -33,7 +34,14 @@ def fail(message: str) -> None:
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="openxla: torch.compile on the XLA device (TPU, or the CPU with PJRT_DEVICE=CPU); "
                    "inductor: torch.compile on CUDA or CPU; eager: no compilation. Default: train.backend.")
-@click.option("--resume", is_flag=True, help="Continue RUN_DIR/last.safetensors exactly (same data order and schedule).")
+@click.option("--resume", is_flag=True, help="Continue RUN_DIR/last.safetensors exactly (same data order and schedule); "
+              "with no checkpoint there yet (a run stopped before its first), start from scratch.")
+@click.option("--init-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              metavar="CKPT", help="Start from this b2t checkpoint's weights (e.g. from b2t-import-baseline) with a "
+              "fresh optimizer and schedule; day layers are matched by session name, new sessions start from identity.")
+@click.option("--verify-data", is_flag=True,
+              help="Check the sha256 of every train and val shard against the manifest before training (reads every "
+                   "shard once; presence and sizes are always checked).")
 @click.option("--max-compiles", type=int, default=None,
               help="Fail the run if XLA compiled more graphs than this (a recompilation guard for CI).")
 @click.option("--device", default=None, help="Device override, e.g. cuda:1 (default: the backend's first device).")
@@ -51,13 +59,14 @@ def fail(message: str) -> None:
 def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, plan: bool,
-               device_memory: str | None) -> None:
+               device_memory: str | None, init_from: Path | None, verify_data: bool) -> None:
     """Train the GRU phoneme decoder on DATASET (a b2t-preprocess output) into RUN_DIR.
 
     Every bucket shape is compiled before the first step ("compiling bucket T=..."), after
-    which no step compiles again. RUN_DIR receives last.safetensors (resumable),
-    best.safetensors (lowest validation PER) and metrics.jsonl (losses, PER per session,
-    XLA compilations and host fallbacks).
+    which no step compiles again. It first prints the device it found. RUN_DIR receives
+    last.safetensors (resumable), best.safetensors (lowest validation PER), metrics.jsonl
+    (losses, PER per session, XLA compilations and host fallbacks) and tensorboard/ (the
+    same as TensorBoard events); `b2t-report RUN_DIR` plots them into a PNG.
     """
     from b2t.train.loop import RunOptions, TrainingError, train
     from b2t.train.mesh import parse_devices
@@ -77,7 +86,8 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
         if run_dir is None:
             raise ValueError("RUN_DIR is required (only --plan runs without one)")
         summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
-                                                           progress=not no_progress, device=device))
+                                                           progress=not no_progress, device=device,
+                                                           init_from=init_from, verify_data=verify_data))
     except (ConfigError, TrainingError, FileNotFoundError, ValueError) as e:
         fail(str(e))
     if summary["rank"] != 0:

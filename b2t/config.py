@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +186,45 @@ def _is_section(f: dataclasses.Field) -> bool:
     return f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)
 
 
+def _fits(value: Any, tp: Any) -> bool:
+    """Whether a YAML value fits a declared field type: bool is not an int, an int is a float,
+    `X | None` takes null, `Literal[...]` its listed values, a section type a mapping."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(tp))
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp in (int, str, bool):
+        return isinstance(value, tp) and (tp is bool or not isinstance(value, bool))
+    if dataclasses.is_dataclass(tp):
+        return isinstance(value, (tp, Mapping))
+    raise TypeError(f"the config schema declares {tp!r}, which has no type check")
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    names = {type(None): "null", int: "an integer", float: "a number", str: "a string", bool: "true/false"}
+    return names.get(tp, f"a {getattr(tp, '__name__', tp)} mapping")
+
+
+def check_value(key: str, value: Any, tp: Any) -> Any:
+    """`value` for the field `key` declared as `tp` (an int given for a float field becomes a
+    float); a value of another type raises ConfigError naming the key, the value and the type."""
+    if not _fits(value, tp):
+        raise ConfigError(f"{key}={value!r} ({type(value).__name__}): expected {_type_name(tp)}")
+    accepted = typing.get_args(tp) or (tp,)
+    if isinstance(value, int) and not isinstance(value, bool) and float in accepted and int not in accepted:
+        return float(value)
+    return value
+
+
 def _build(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
     """`cls` from a mapping, sub-sections built recursively; unknown keys raise ConfigError."""
     if values is None:
@@ -191,6 +232,7 @@ def _build(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where or 'the config'} must be a mapping of keys, got {values!r}")
     fields = _section_fields(cls)
+    hints = typing.get_type_hints(cls)  # the declared field types (the annotations are strings)
     kwargs = {}
     for key, value in values.items():
         if key not in fields:
@@ -201,7 +243,8 @@ def _build(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
             kind = f"key in section {where!r}" if where else "config section"
             raise _unknown(kind, key, fields)
         f = fields[key]
-        kwargs[key] = _build(f.default_factory, value, f"{where}.{key}".lstrip(".")) if _is_section(f) else value
+        name = f"{where}.{key}".lstrip(".")
+        kwargs[key] = _build(f.default_factory, value, name) if _is_section(f) else check_value(name, value, hints[key])
     try:
         return cls(**kwargs)
     except TypeError as e:

@@ -21,6 +21,7 @@ import click
 
 from b2t.atomic import atomic_write_text
 from b2t.cli import config_option, fail, set_option
+from b2t.cli_errors import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
 from b2t.data.manifest import SPLITS, Manifest
 from b2t.decoding import EvalSummary, TrialResult, summarize
@@ -75,7 +76,7 @@ def _word_recipe(lexicon: Path | None, cmudict: bool, lm: Path | None, spell: bo
     return WordRecipe(lexicon=lexicon, lm=lm, options=options, spell=spell)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--split", type=click.Choice(SPLITS[1:]), required=True, help="Which preprocessed split to decode.")
@@ -154,7 +155,7 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
         click.echo(f"wrote {csv_path}: {len(rows)} rows")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The b2t checkpoint (.safetensors) to write.")

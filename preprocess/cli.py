@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from b2t.cli_errors import Group
 from b2t.config import ConfigError, load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS
 from preprocess.trials import DataError
@@ -19,7 +20,7 @@ from preprocess.writer import OutputDirError, PrepareReport, prepare_dataset
 DEFAULT_COMMAND = "build"
 
 
-class _DefaultGroup(click.Group):
+class _DefaultGroup(Group):
     """A group whose first argument, unless it names a command, starts the default command."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -78,6 +79,8 @@ def build(src: Path, out: Path, config_path: Path | None, overrides: tuple[str, 
                                  overwrite=overwrite, progress=progress)
     except (ConfigError, DataError, OutputDirError) as e:
         raise click.ClickException(str(e)) from None
+    for warning in report.manifest.warnings:
+        click.secho(f"warning: {warning} (recorded in {out / MANIFEST_NAME})", fg="yellow", err=True)
     click.echo(summary(report))
 
 

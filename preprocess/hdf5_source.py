@@ -16,7 +16,6 @@ moved or renamed, so which day it belongs to is unclear).
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,9 +25,10 @@ from typing import Any
 
 import h5py
 import numpy as np
+import torch
 
-from b2t.contract import FEATURE_DIM, TRIAL_GROUP, trial_number
-from b2t.data.manifest import SPLITS, Exclusion
+from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, TRIAL_GROUP, trial_number
+from b2t.data.manifest import SPLITS, Exclusion, file_sha256
 from b2t.phonemes import SILENCE_ID
 from preprocess.trials import DataError, TrialRef
 
@@ -68,6 +68,14 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         files = by_dir[sessions[name]]
         ordered.append(SessionFiles(name, {split: files[split] for split in SPLIT_FILES if split in files}))
     return ordered
+
+
+def empty_folders(root: Path) -> list[Path]:
+    """Folders below `root` that hold no session file and no folder: an empty session folder
+    (a copy that did not finish, a day not downloaded), reported rather than skipped unseen."""
+    root = Path(root)
+    folders = [p for p in sorted(root.rglob("*")) if p.is_dir() and not p.name.startswith(".")]
+    return [p for p in folders if not any(c.is_dir() or c.name in SPLIT_FILES.values() for c in p.iterdir())]
 
 
 @contextmanager
@@ -171,11 +179,23 @@ def _scan_trial(f: h5py.File, path: Path, name: str, split: str, session: str, d
 
 
 def _check_finite(x: h5py.Dataset, bad: Callable[[str], DataError]) -> None:
+    """Every value finite as stored and after the cast to the shards' feature dtype (bf16):
+    float64 1e300 or float32 3.4e38 are finite in the file but Inf in a shard."""
     for start in range(0, x.shape[0], CHECK_ROWS):
-        finite = np.isfinite(x[start : start + CHECK_ROWS])  # (rows, F)
+        rows = x[start : start + CHECK_ROWS]  # (rows, F), the file's dtype
+        finite = np.isfinite(rows)
         if not finite.all():
             row, channel = np.argwhere(~finite)[0]
             raise bad(f"input_features has NaN/Inf at row {start + row}, channel {channel}")
+        with np.errstate(over="ignore"):  # float64 -> float32 overflow is what is checked next
+            stored = torch.from_numpy(np.asarray(rows, dtype=np.float32)).to(FEATURE_DTYPE)  # as the writer casts
+        overflow = ~torch.isfinite(stored)
+        if bool(overflow.any()):
+            row, channel = (int(i) for i in overflow.nonzero()[0])
+            raise bad(f"input_features at row {start + row}, channel {channel} is {rows[row, channel]:g}, "
+                      f"beyond the range of {str(FEATURE_DTYPE).removeprefix('torch.')} (max "
+                      f"{torch.finfo(FEATURE_DTYPE).max:.4g}), the dtype shards store: it would become Inf; "
+                      "rescale the features")
 
 
 def _int_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> int:
@@ -221,8 +241,4 @@ def read_features(refs: Sequence[TrialRef]) -> list[np.ndarray]:
 
 def file_fingerprint(path: Path) -> dict[str, Any]:
     """`path` (as given), size and streamed sha256: what the manifest records per source file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return {"path": str(path), "bytes": Path(path).stat().st_size, "sha256": digest.hexdigest()}
+    return {"path": str(path), "bytes": Path(path).stat().st_size, "sha256": file_sha256(path)}

@@ -30,6 +30,7 @@ import click
 import h5py
 import numpy as np
 
+from b2t.cli_errors import Command
 from b2t.contract import FEATURE_DIM
 from b2t.phonemes import N_CLASSES, PHONEME_IDS, PHONEMES, SILENCE_ID
 from preprocess.hdf5_source import SPLIT_FILES
@@ -292,7 +293,7 @@ def read_spec(out: Path) -> SynthSpec | None:
     return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-@click.command()
+@click.command(cls=Command)
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--sessions", default=SynthSpec.sessions, show_default=True, help="Session directories (days).")
 @click.option("--train-trials", default=SynthSpec.train_trials, show_default=True, help="Per session.")

@@ -14,10 +14,9 @@ from typing import Any
 import torch
 
 from b2t.contract import BucketShape, check_batch, check_rows
-from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.manifest import Manifest, ShardEntry, shard_problem
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample
-from preprocess.hdf5_source import file_fingerprint
 from preprocess.writer import one_torch_thread
 
 
@@ -59,6 +58,10 @@ def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape
         problems.append(f"phone_seq_lens above L={shape.L}, or nonzero in a padding row")
     if bool(((tensors["day_indices"] < 0) | (tensors["day_indices"] >= n_sessions)).any()):
         problems.append(f"day_indices outside 0..{n_sessions - 1}")
+    finite = torch.isfinite(tensors["features"])  # (B, T, F)
+    if not bool(finite.all()):
+        row, t, channel = (int(i) for i in (~finite).nonzero()[0])
+        problems.append(f"features are NaN/Inf at row {row}, bin {t}, channel {channel}")
     time_mask = torch.arange(shape.T, dtype=torch.int32, device="cpu")[None, :] < lengths[:, None]  # (B, T)
     if bool(tensors["features"][~time_mask].any()):
         problems.append("features are nonzero beyond a row's n_time_steps")
@@ -103,17 +106,8 @@ def verify(directory: str | Path, *, decode: bool = True) -> VerifyReport:
     report.shards = len(manifest.shards)
     for entry in manifest.shards:
         path = directory / entry.name
-        if not path.is_file():
-            report.errors.append(f"{entry.name}: missing")
-            continue
-        size = path.stat().st_size
-        if size != entry.bytes:
-            report.errors.append(f"{entry.name}: {size} bytes, the manifest says {entry.bytes}")
-            continue
-        digest = file_fingerprint(path)["sha256"]
-        if digest != entry.sha256:
-            report.errors.append(f"{entry.name}: sha256 {digest[:16]}... differs from the manifest's "
-                                 f"{entry.sha256[:16]}...")
+        if (problem := shard_problem(directory, entry, sha256=True)) is not None:
+            report.errors.append(problem)
             continue
         if decode:
             try:

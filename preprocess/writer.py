@@ -33,13 +33,20 @@ import torch
 from tqdm import tqdm
 from webdataset import TarWriter
 
-from b2t.atomic import atomic_file, atomic_write_text, is_temp_name
+from b2t.atomic import atomic_file, atomic_write_text, is_temp_name, remove_stale_temps
 from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, RowMeta, check_batch, empty_batch
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
 from preprocess.batching import BatchPlan, Layout, plan_layout
-from preprocess.hdf5_source import discover_sessions, file_fingerprint, read_features, scan_file
+from preprocess.hdf5_source import (
+    SPLIT_FILES,
+    discover_sessions,
+    empty_folders,
+    file_fingerprint,
+    read_features,
+    scan_file,
+)
 from preprocess.trials import DataError, TrialRef
 
 STATE_NAME = ".b2t-preprocess.json"
@@ -195,6 +202,7 @@ class Scan:
     exclusions: list[Exclusion]  # bad trials skipped by --skip-bad
     sources: list[dict[str, Any]]  # per HDF5 file: path relative to the root, bytes, sha256
     files: dict[str, str]  # TrialRef.file -> path relative to the root
+    warnings: list[str]  # what was found and skipped, e.g. empty session folders
 
 
 def _scan_job(job: tuple[str, str, str, int], skip_bad: bool) -> tuple[list[TrialRef], list[Exclusion], dict[str, Any]]:
@@ -224,6 +232,8 @@ def scan_sources(root: Path, splits: Sequence[str], *, skip_bad: bool, executor:
         exclusions=[Exclusion(files[e.file], e.trial, e.reason) for _, excluded, _ in results for e in excluded],
         sources=[{**fp, "path": files[job[0]]} for job, (_, _, fp) in zip(jobs, results)],
         files=files,
+        warnings=[f"{os.path.relpath(p, root)}: empty folder (no {'/'.join(SPLIT_FILES.values())}): skipped, "
+                  "no session made of it" for p in empty_folders(root)],
     )
 
 
@@ -363,9 +373,7 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
         if overwrite and (state is None or state.get("identity") != identity):
             clear_output(out)
             state = None
-        for p in out.iterdir():
-            if is_temp_name(p.name):  # left by a run that was killed mid-write
-                p.unlink()
+        remove_stale_temps(out)  # left by a run that was killed mid-write
         done = _finished_shards(out, state, identity, tasks, executor)
         scan_seconds = time.perf_counter() - t0
 
@@ -396,7 +404,8 @@ def build_manifest(config: Config, scan: Scan, layout: Layout, shards: Sequence[
     }
     planned = [Exclusion(scan.files[e.file], e.trial, e.reason) for e in layout.exclusions]
     return Manifest(sessions=scan.sessions, buckets=layout.buckets, shards=list(shards), splits=splits,
-                    sources=scan.sources, config=_config_dict(config), exclusions=scan.exclusions + planned)
+                    sources=scan.sources, config=_config_dict(config), exclusions=scan.exclusions + planned,
+                    warnings=scan.warnings)
 
 
 def _same_manifest(out: Path, manifest: Manifest) -> bool:

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from b2t.atomic import atomic_file, atomic_write_text
+from b2t.atomic import atomic_file, atomic_write_text, remove_stale_temps
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -29,3 +29,12 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
         raise RuntimeError("killed mid-write")
     assert path.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def test_stale_temps_of_a_killed_writer_are_removed(tmp_path):
+    atomic_write_text(tmp_path / "last.safetensors", "kept")
+    (tmp_path / ".last.safetensors.abc123.tmp").write_text("half")  # what a kill -9 mid-write leaves
+    (tmp_path / "notes.tmp").write_text("not ours")
+    removed = remove_stale_temps(tmp_path)
+    assert [p.name for p in removed] == [".last.safetensors.abc123.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.safetensors", "notes.tmp"]

@@ -52,3 +52,31 @@ def test_overrides_are_yaml_scalars():
 def test_invalid_values_say_how_to_fix(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(CONFIGS / "tiny.yaml", [override])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.steps=2.5", r"train\.steps=2\.5 \(float\): expected an integer"),
+    ("train.steps=abc", r"train\.steps='abc' \(str\): expected an integer"),
+    ("train.steps=true", r"train\.steps=True \(bool\): expected an integer"),
+    ("optim.lr=fast", r"optim\.lr='fast' \(str\): expected a number"),
+    ("optim.lr=true", r"optim\.lr=True \(bool\): expected a number"),
+    ("data.token_budget=1.5", r"data\.token_budget=1\.5 \(float\): expected an integer or null"),
+    ("train.backend=3", r"train\.backend=3 \(int\): expected a string"),
+    ("model.gru.n_units=2.5", r"model\.gru\.n_units=2\.5 \(float\): expected an integer"),
+])
+def test_values_are_checked_against_the_declared_types(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "tiny.yaml", [override])
+
+
+def test_ints_are_numbers_and_null_fits_optional_fields():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["optim.lr=1", "data.token_budget=null", "data.token_budget=512"])
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+    assert cfg.data.token_budget == 512
+
+
+def test_type_errors_from_a_yaml_file_name_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  log_every: [1, 2]\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: train\.log_every=\[1, 2\] \(list\): expected an integer"):
+        load_config(p)

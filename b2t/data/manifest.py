@@ -8,6 +8,7 @@ it names is complete, so a manifest never points at a partial shard.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,29 @@ class ShardEntry:
     sha256: str
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file, streamed in 1 MiB reads."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_problem(root: str | Path, entry: ShardEntry, *, sha256: bool) -> str | None:
+    """What is wrong with one listed shard on disk (missing, size, and with `sha256` its
+    digest), naming it; None when it matches the manifest."""
+    path = Path(root) / entry.name
+    if not path.is_file():
+        return f"{entry.name}: missing"
+    size = path.stat().st_size
+    if size != entry.bytes:
+        return f"{entry.name}: {size} bytes, the manifest says {entry.bytes}"
+    if sha256 and (digest := file_sha256(path)) != entry.sha256:
+        return f"{entry.name}: sha256 {digest[:16]}... differs from the manifest's {entry.sha256[:16]}..."
+    return None
+
+
 @dataclass(frozen=True)
 class Exclusion:
     file: str
@@ -48,6 +72,7 @@ class Manifest:
     sources: list[dict[str, Any]]  # per HDF5 file: path, bytes, sha256
     config: dict[str, Any]  # the data and model sections used
     exclusions: list[Exclusion] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # inputs skipped without being an error (empty folders)
     version: int = FORMAT_VERSION
 
     def dtypes(self) -> dict[str, str]:
@@ -64,6 +89,7 @@ class Manifest:
             "sources": self.sources,
             "config": self.config,
             "exclusions": [asdict(e) for e in self.exclusions],
+            "warnings": self.warnings,
         }
 
     @classmethod
@@ -78,6 +104,7 @@ class Manifest:
             sources=d["sources"],
             config=d["config"],
             exclusions=[Exclusion(**e) for e in d["exclusions"]],
+            warnings=list(d.get("warnings", [])),
         )
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
             raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
@@ -99,6 +126,11 @@ class Manifest:
 
     def shards_of(self, split: str, epoch: int | None = None) -> list[ShardEntry]:
         return [s for s in self.shards if s.split == split and (epoch is None or s.epoch == epoch)]
+
+    def shard_problems(self, root: str | Path, splits: tuple[str, ...] = SPLITS, *, sha256: bool) -> list[str]:
+        """What is wrong on disk with the shards of `splits` (see `shard_problem`), one line each."""
+        found = (shard_problem(root, s, sha256=sha256) for s in self.shards if s.split in splits)
+        return [p for p in found if p is not None]
 
     def epochs(self, split: str = "train") -> list[int]:
         return sorted({s.epoch for s in self.shards_of(split)})

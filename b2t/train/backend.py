@@ -19,6 +19,7 @@ run has caused so far, read from `torch_xla.debug.metrics`.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -173,3 +174,20 @@ def spmd_openxla() -> Callable:
     from torch._dynamo.backends.torchxla import openxla_eval_boxed
 
     return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+
+
+def describe(backend: Backend) -> str:
+    """The line b2t-train prints first: which device it found, e.g.
+    `device: xla:0 = TPU (TPU v5 lite), 4 devices on this host, PJRT_DEVICE=TPU; backend openxla`."""
+    if backend.xla:
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        what = (f"{backend.device} = {xm.xla_device_hw(backend.device)} ({xm.xla_device_kind(backend.device)}), "
+                f"{xr.addressable_runtime_device_count()} devices on this host, "
+                f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
+    elif backend.device.type == "cuda":
+        what = f"{backend.device} = {torch.cuda.get_device_name(backend.device)}"
+    else:
+        what = f"{backend.device} (the host CPU, no XLA)"
+    return f"device: {what}; backend {backend.name}"

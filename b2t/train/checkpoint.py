@@ -4,11 +4,15 @@ A file holds the model weights (`model.<name>`), the AdamW state (`optim.<param>
 and, as JSON in the safetensors metadata, everything needed to continue exactly: step,
 batches consumed, best validation PER, the config, the session list (day index order)
 and the optimizer's param-group settings.
+
+A checkpoint never holds NaN or Inf: `save_checkpoint` refuses to write one, so the file
+already at that path is the last finite state, and the error says so.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,27 @@ class TrainState:
     mesh: dict[str, int] = field(default_factory=dict)  # devices per mesh axis of the run that wrote it
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: TrainState) -> Path:
+class NonFiniteCheckpoint(ValueError):
+    """The weights (or loss) to save are NaN/Inf; nothing was written."""
+
+
+def _refuse_non_finite(path: Path, tensors: dict[str, torch.Tensor], state: TrainState, loss: float | None) -> None:
+    bad = next((k for k, v in tensors.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if bad is None and (loss is None or math.isfinite(loss)):
+        return
+    what = f"{bad} holds NaN/Inf" if bad is not None else f"the loss is {loss}"
+    try:
+        last = f"the last finite checkpoint is {path} (step {read_state(path).step})"
+    except (FileNotFoundError, ValueError):
+        last = f"there is no earlier finite checkpoint at {path}"
+    raise NonFiniteCheckpoint(f"training diverged by step {state.step}: {what}, so {path} was not written; {last}. "
+                              "Lower optim.lr (or check the input features) and resume from it or start again")
+
+
+def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, state: TrainState,
+                    *, loss: float | None = None) -> Path:
+    """Write weights (and optimizer state) atomically; NonFiniteCheckpoint, and nothing written, if
+    any weight, optimizer value or the given `loss` is NaN/Inf."""
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta: dict[str, Any] = {"format": FORMAT, "state": state.__dict__}
     if optimizer is not None:
@@ -44,6 +68,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         # b2t's learning rates are device tensors (b2t.train.optim); JSON takes their value
         meta["param_groups"] = [{k: v.cpu().item() if isinstance(v, torch.Tensor) else v for k, v in g.items()}
                                 for g in sd["param_groups"]]
+    _refuse_non_finite(path, tensors, state, loss)
     return atomic_write_bytes(path, st_save(tensors, metadata={"b2t": json.dumps(meta)}))
 
 

@@ -18,26 +18,28 @@ log to `metrics.rank<r>.jsonl`).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from b2t.atomic import remove_stale_temps
 from b2t.config import Config
 from b2t.contract import Batch
 from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import Manifest
 from b2t.decoding import decode_batches, summarize
 from b2t.model.registry import build_model
-from b2t.train.backend import Backend, CompileStats, make_backend
+from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
+from b2t.train.init_from import init_from_checkpoint
 from b2t.train.mesh import check_divisible
+from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
 from b2t.train.step import Stepper, WarmUpReport
@@ -55,17 +57,8 @@ class RunOptions:
     max_compiles: int | None = None  # fail the run if XLA compiled more graphs than this
     progress: bool = True
     device: str | None = None
-
-
-class MetricsLog:
-    """JSON lines, appended and flushed per record so a killed run keeps what it logged."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def write(self, kind: str, **fields: Any) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+    init_from: Path | None = None  # a fresh run starts from this checkpoint's weights (b2t.train.init_from)
+    verify_data: bool = False  # sha256 of every shard against the manifest before training
 
 
 def check_compatible(manifest: Manifest, cfg: Config) -> None:
@@ -82,9 +75,7 @@ def check_compatible(manifest: Manifest, cfg: Config) -> None:
 def check_same_readers(run_dir: Path, layout: Layout) -> None:
     """A resumed run skips `batches` batches of each reader's stream, which is only the same
     position in the data when the shards are split over as many readers as before."""
-    path = run_dir / METRICS
-    lines = path.read_text().splitlines() if path.exists() else []
-    before = [r["world"] for r in map(json.loads, lines) if r.get("kind") == "layout"]
+    before = [r["world"] for r in read_records(run_dir / METRICS) if r.get("kind") == "layout"]
     if before and before[-1] != layout.world:
         raise TrainingError(f"{run_dir} was trained with {before[-1]} data readers (hosts or torchrun processes), "
                             f"this run has {layout.world}: resume with {before[-1]}")
@@ -175,6 +166,7 @@ class Run:
         rate, o = self.window / (time.perf_counter() - self.window_started), self.cfg.optim
         self.log.write("train", step=self.state.step, loss=mean_loss, losses=losses, grad_norm=float(norm.cpu()),
                        steps_per_s=rate, lr=lr_at(self.state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
+                       lr_day=lr_at(self.state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
                        **self.backend.stats().to_dict())
         self.bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
         self.window, self.window_started = 0, time.perf_counter()
@@ -211,7 +203,14 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
         tqdm.write(f"note: {run_dir / LAST} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
                    "training goes on, but not bit-identical to an unbroken run on one mesh")
     state.mesh = layout.mesh
-    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"))
+    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
+                     tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
+    if layout.is_main:
+        tqdm.write(describe(backend))
+    if opts.init_from is not None and not opts.resume:
+        init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg)
+        log.write("init", source=str(init.source), kept=init.kept, new=init.new)
+        tqdm.write(init.summary())
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
                               num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
@@ -241,10 +240,23 @@ def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
                "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.manifest.buckets),
                "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model)}
     run.log.write("summary", **summary)
+    run.log.close()
     if opts.max_compiles is not None and final.compilations > opts.max_compiles:
         raise TrainingError(f"{final.compilations} XLA compilations exceed --max-compiles {opts.max_compiles} "
                             f"for {len(run.manifest.buckets)} buckets: see {run.run_dir / METRICS} for when they happened")
     return summary
+
+
+def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
+    """Every train and val shard present with its manifest size (and, with `sha256`, digest)."""
+    t0 = time.perf_counter()
+    problems = manifest.shard_problems(dataset, ("train", "val"), sha256=sha256)
+    if problems:
+        raise TrainingError(f"{len(problems)} shards of {dataset} do not match its manifest ({'; '.join(problems[:3])}): "
+                            f"run b2t-preprocess verify {dataset}, then rerun b2t-preprocess to rewrite them")
+    if sha256:
+        tqdm.write(f"verified the sha256 of {len(manifest.shards_of('train')) + len(manifest.shards_of('val'))} "
+                   f"shards in {time.perf_counter() - t0:.1f} s")
 
 
 def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
@@ -253,8 +265,13 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
     manifest = Manifest.load(dataset)
     check_compatible(manifest, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
     if (run_dir / LAST).exists() and not opts.resume:
         raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
+    if opts.resume and not (run_dir / LAST).exists():
+        tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
+        opts = replace(opts, resume=False)
+    check_shards(dataset, manifest, sha256=opts.verify_data)
     layout, mesh, rank_device = make_layout(cfg.train.backend, cfg.mesh)
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)

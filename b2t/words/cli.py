@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from b2t.cli_errors import Group
 from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
 
@@ -14,7 +15,7 @@ def _read_corpus(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
-@click.group()
+@click.group(cls=Group)
 def main() -> None:
     """Build the language model and lexicon the word decoder reads."""
 

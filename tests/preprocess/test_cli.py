@@ -114,3 +114,16 @@ def test_refuses_a_foreign_output_directory(synth_tree, tmp_path):
     code, output = _run(synth_tree, out, "--config", TINY_CONFIG, "--no-progress")
     assert code == 1 and "is not empty and holds no b2t-preprocess run" in output
     assert (out / "thesis.pdf").exists()
+
+
+def test_an_empty_session_folder_is_warned_about_and_recorded(synth_tree, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(synth_tree, src)
+    (src / "t15.2099.01.01").mkdir()  # a day whose files never arrived
+    result = CliRunner().invoke(main, [str(src), str(tmp_path / "out"), "--config", str(TINY_CONFIG),
+                                       "--splits", "val,test", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "warning: t15.2099.01.01: empty folder" in result.stderr
+    manifest = Manifest.load(tmp_path / "out")
+    assert len(manifest.sessions) == 5 and "t15.2099.01.01" not in manifest.sessions
+    assert [w.split(":")[0] for w in manifest.warnings] == ["t15.2099.01.01"]

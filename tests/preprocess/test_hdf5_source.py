@@ -137,6 +137,26 @@ def test_non_finite_features(train_file: Path, monkeypatch: pytest.MonkeyPatch, 
     assert "NaN/Inf at row 9, channel 100" in str(scan_error(train_file))
 
 
+@pytest.mark.parametrize("dtype, value", [(np.float64, 1e300), (np.float32, 3.4e38), (np.float32, -3.4e38)])
+def test_features_that_overflow_bf16_are_refused(train_file: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 dtype: type, value: float) -> None:
+    """Finite in the file but Inf once cast to the shards' bf16: refused, naming row and channel."""
+    monkeypatch.setattr(hdf5_source, "CHECK_ROWS", 4)  # the bad row lies in a later chunk
+    with edit(train_file) as g:
+        x = g["input_features"][()].astype(dtype)
+        x[9, 100] = value
+        del g["input_features"]
+        g["input_features"] = x
+    message = str(scan_error(train_file))
+    assert "row 9, channel 100" in message and "beyond the range of bfloat16" in message
+
+
+def test_features_at_the_bf16_limit_pass(train_file: Path) -> None:
+    with edit(train_file) as g:
+        g["input_features"][9, 100] = 3.3e38  # rounds to bf16's largest finite value
+    scan_file(train_file, "train", SESSION, 0, skip_bad=False)
+
+
 @pytest.mark.parametrize("seq_len", [0, -1, 501])
 def test_seq_len_out_of_range(train_file: Path, seq_len: int) -> None:
     with edit(train_file) as g:

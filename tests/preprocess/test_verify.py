@@ -27,3 +27,15 @@ def test_batch_problems_catch_what_the_contract_cannot():
     problems = batch_problems(batch, meta, shape, n_sessions=1)
     assert any("beyond a row's n_time_steps" in p for p in problems)
     assert any("day_indices outside 0..0" in p for p in problems)
+
+
+def test_batch_problems_catch_non_finite_features():
+    shape = BucketShape(T=18, B=2, L=8)
+    batch = empty_batch(shape)
+    batch["valid"][0], batch["n_time_steps"][0], batch["phone_seq_lens"][0] = True, 10, 2
+    batch["seq_class_ids"][0, :2] = torch.tensor([3, 40], dtype=torch.int32)
+    batch["features"][0, 4, 7] = float("inf")
+    row = RowMeta(session="t15.2023.08.11", block=1, trial=0, group="trial_0000",
+                  file="t15.2023.08.11/data_train.hdf5", sentence="hi")
+    assert batch_problems(batch, {"rows": [row, None]}, shape, n_sessions=1) == [
+        "features are NaN/Inf at row 0, bin 4, channel 7"]

@@ -4,7 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
+from b2t.train.checkpoint import (
+    NonFiniteCheckpoint,
+    TrainState,
+    load_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 
 
 def _model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -69,3 +75,26 @@ def test_damaged_file_is_a_clear_error(tmp_path):
     path.write_bytes(path.read_bytes()[:20])
     with pytest.raises(ValueError, match="not a readable b2t checkpoint"):
         load_checkpoint(path, model, opt)
+
+
+def test_non_finite_weights_are_never_written_and_the_error_names_the_last_finite(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    _train(model, opt, 2)
+    path = save_checkpoint(tmp_path / "last.safetensors", model, opt, TrainState(step=2))
+    before = path.read_bytes()
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteCheckpoint, match=r"by step 4: model\.2\.weight holds NaN/Inf.*"
+                       r"the last finite checkpoint is .*last\.safetensors \(step 2\)"):
+        save_checkpoint(path, model, opt, TrainState(step=4))
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.safetensors"]
+    with pytest.raises(NonFiniteCheckpoint, match="there is no earlier finite checkpoint"):
+        save_checkpoint(tmp_path / "best.safetensors", model, None, TrainState(step=4))
+    assert not (tmp_path / "best.safetensors").exists()
+
+
+def test_a_non_finite_loss_is_refused_too(tmp_path):
+    model, opt = _model_and_optimizer(0)
+    with pytest.raises(NonFiniteCheckpoint, match="the loss is inf"):
+        save_checkpoint(tmp_path / "last.safetensors", model, opt, TrainState(step=1), loss=float("inf"))
+    assert save_checkpoint(tmp_path / "last.safetensors", model, opt, TrainState(step=1), loss=2.5).exists()

@@ -2,18 +2,23 @@
 backends agreeing, exact resume. These are the slowest tests of the suite (about 3 min)."""
 
 import json
+import shutil
 
 import pytest
+from click.testing import CliRunner
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from b2t.config import load_config
+from b2t.cli import train_main
+from b2t.config import TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.report import main as report_main
 from b2t.train.backend import make_backend
 from b2t.train.loop import RunOptions, TrainingError, run_model, train
+from b2t.train.metrics_log import TENSORBOARD_DIR
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
-from tests.conftest import TINY_CONFIG
 
 OPENXLA_PER_150 = 0.388
 """Val PER of the tiny config after 150 openxla steps, as measured on the XLA CPU device (chance is 1.0)."""
@@ -112,3 +117,64 @@ def test_resume_with_a_different_model_is_refused(tiny_dataset, tmp_path):
     with pytest.raises(TrainingError, match=r"different \['model'\] settings"):
         train(shards, tmp_path, load_config(TINY_CONFIG, [*sets, "model.gru.n_units=32", "train.steps=2"]),
               RunOptions(progress=False, resume=True, device="cpu"))
+
+
+EAGER_SHORT = ["train.backend=eager", "train.steps=4", "train.log_every=2", "train.checkpoint_every=2",
+               "train.val_every=4", "optim.warmup_steps=2", "optim.decay_steps=4"]
+
+
+def test_resume_before_the_first_checkpoint_starts_from_scratch(tiny_dataset, tmp_path):
+    """A run killed before its first checkpoint leaves metrics and a temp file, no last.safetensors."""
+    _, shards = tiny_dataset
+    cfg = load_config(TINY_CONFIG, EAGER_SHORT)
+    fresh = train(shards, tmp_path / "fresh", cfg, RunOptions(progress=False, device="cpu"))
+    run = tmp_path / "killed"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "layout", "world": 1}\n{"kind": "train", "step": 2, "lo')
+    (run / ".last.safetensors.k1ll3d.tmp").write_bytes(b"half a checkpoint")
+    resumed = train(shards, run, cfg, RunOptions(progress=False, device="cpu", resume=True))
+    assert resumed["weights_sha256"] == fresh["weights_sha256"]
+    assert sorted(p.name for p in run.iterdir() if p.is_file()) == ["best.safetensors", "last.safetensors",
+                                                                    "metrics.jsonl"]
+    steps = [r["step"] for r in _records(run, "train")]
+    assert steps == [2, 4], "the killed run's records are not kept beside the new ones"
+
+
+def test_shards_are_checked_against_the_manifest_before_training(tiny_dataset, tmp_path):
+    _, shards = tiny_dataset
+    data = tmp_path / "shards"
+    shutil.copytree(shards, data)
+    victim = data / Manifest.load(data).shards_of("train")[0].name
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # same size, one bit flipped
+    victim.write_bytes(bytes(raw))
+    cfg = load_config(TINY_CONFIG, EAGER_SHORT)
+    with pytest.raises(TrainingError, match=rf"{victim.name}: sha256 .* differs from the manifest.*"
+                                            rf"b2t-preprocess verify"):
+        train(data, tmp_path / "run", cfg, RunOptions(progress=False, device="cpu", verify_data=True))
+    victim.write_bytes(bytes(raw[:-1024]))
+    with pytest.raises(TrainingError, match=rf"{victim.name}: {len(raw) - 1024} bytes, the manifest says {len(raw)}"):
+        train(data, tmp_path / "run", cfg, RunOptions(progress=False, device="cpu"))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists(), "refused before anything ran"
+
+
+def test_a_run_prints_its_device_and_leaves_tensorboard_events_and_a_report(tiny_dataset, tmp_path):
+    _, shards = tiny_dataset
+    run = tmp_path / "run"
+    sets = [a for s in EAGER_SHORT for a in ("--set", s)]
+    result = CliRunner().invoke(train_main, [str(shards), str(run), "--config", str(TINY_CONFIG), "--device", "cpu",
+                                             "--no-progress", *sets])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("device: cpu (the host CPU, no XLA); backend eager")
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}: {line}"))
+    events = EventAccumulator(str(run / TENSORBOARD_DIR))
+    events.Reload()
+    sessions = Manifest.load(shards).sessions
+    tags = set(events.Tags()["scalars"])
+    assert {"loss/train", "loss/val", "per/val", "lr/main", "lr/day", "train/grad_norm", "train/steps_per_s",
+            "xla/compilations"} <= tags
+    assert {f"per_session/{s}" for s in sessions} <= tags
+    assert [e.step for e in events.Scalars("loss/train")] == [2, 4]
+    result = CliRunner().invoke(report_main, [str(run)])
+    assert result.exit_code == 0 and (run / "report.png").read_bytes().startswith(b"\x89PNG")

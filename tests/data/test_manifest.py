@@ -1,0 +1,27 @@
+"""Shards against their manifest: missing and resized ones cheaply, a flipped byte by sha256."""
+
+from __future__ import annotations
+
+import shutil
+
+from b2t.data.manifest import Manifest
+
+
+def test_shard_problems_name_each_bad_shard(tiny_dataset, tmp_path):
+    _, shards = tiny_dataset
+    root = tmp_path / "shards"
+    shutil.copytree(shards, root)
+    manifest = Manifest.load(root)
+    assert manifest.shard_problems(root, sha256=True) == []
+    missing, short, flipped = (s.name for s in manifest.shards_of("train")[:3])
+    (root / missing).unlink()
+    (root / short).write_bytes((root / short).read_bytes()[:-512])
+    data = bytearray((root / flipped).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (root / flipped).write_bytes(bytes(data))
+    cheap = manifest.shard_problems(root, sha256=False)
+    assert cheap == [f"{missing}: missing", f"{short}: {(root / short).stat().st_size} "
+                     f"bytes, the manifest says {manifest.shards_of('train')[1].bytes}"]
+    full = manifest.shard_problems(root, sha256=True)
+    assert full[:2] == cheap and full[2].startswith(f"{flipped}: sha256 ") and "differs from the manifest" in full[2]
+    assert manifest.shard_problems(root, ("val",), sha256=True) == []

@@ -1,0 +1,84 @@
+"""Every b2t command turns an OS error into one line naming the path and exit code 2.
+
+Each case points a command's output under a regular file (mkdir/open then fail with
+ENOTDIR, or EEXIST from mkdir(exist_ok=True)), the probe that used to end in a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from b2t.cli import train_main
+from b2t.cli_errors import os_error_line
+from b2t.config import TINY_CONFIG, load_config
+from b2t.eval_cli import eval_main, import_main
+from b2t.model.registry import build_model
+from b2t.train.checkpoint import TrainState, save_checkpoint
+from b2t.words.cli import main as lm_main
+from preprocess.cli import main as preprocess_main
+from preprocess.synth import main as synth_main
+from tests.test_import_baseline import reference_model, save_release
+
+
+def _one_clean_line(command, *args: object, path: Path) -> None:
+    result = CliRunner().invoke(command, [str(a) for a in args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, OSError)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0], result.output
+    assert "Not a directory" in lines[0] or "File exists" in lines[0], result.output
+
+
+@pytest.fixture
+def a_file(tmp_path: Path) -> Path:
+    path = tmp_path / "a_file"
+    path.write_text("not a directory\n")
+    return path
+
+
+def test_os_error_line_names_path_reason_and_what_to_do():
+    line = os_error_line(NotADirectoryError(errno.ENOTDIR, "Not a directory", "/x/f/run"))
+    assert line.startswith("/x/f/run: Not a directory") and "regular file" in line
+
+
+def test_synth_out_under_a_file(a_file):
+    _one_clean_line(synth_main, a_file / "hdf5", "--sessions", "1", path=a_file)
+
+
+def test_preprocess_out_under_a_file(a_file, tmp_path):
+    _one_clean_line(preprocess_main, tmp_path, a_file / "shards", path=a_file)
+
+
+def test_train_run_dir_under_a_file(a_file, tiny_dataset):
+    _, shards = tiny_dataset
+    _one_clean_line(train_main, shards, a_file / "run", "--config", TINY_CONFIG, "--backend", "eager",
+                    path=a_file)
+
+
+def test_lm_output_under_a_file(a_file, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("a b c\nb c d\n")
+    _one_clean_line(lm_main, "build", corpus, "-o", a_file / "lm.arpa", path=a_file)
+
+
+def test_eval_dataset_manifest_unreadable(tmp_path):
+    cfg = load_config(TINY_CONFIG, ["train.backend=eager"])
+    model = build_model(cfg.model, 2, xla=False)
+    ckpt = save_checkpoint(tmp_path / "c.safetensors", model, None,
+                           TrainState(sessions=["s0", "s1"], config=cfg.to_dict()))
+    dataset = tmp_path / "dataset"
+    (dataset / "manifest.json").mkdir(parents=True)  # a directory where the manifest file should be
+    result = CliRunner().invoke(eval_main, [str(ckpt), str(dataset), "--split", "val", "--device", "cpu",
+                                            "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert str(dataset / "manifest.json") in result.output and "Is a directory" in result.output
+
+
+def test_import_baseline_output_under_a_file(a_file, tmp_path):
+    save_release(tmp_path / "release", reference_model())
+    _one_clean_line(import_main, tmp_path / "release", "-o", a_file / "ours.safetensors", path=a_file)
+

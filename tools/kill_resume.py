@@ -1,0 +1,106 @@
+"""kill -9 at random points during b2t-train, rerun the same command, compare the final weights.
+
+One uninterrupted run gives the reference `weights_sha256` (from its summary record in
+metrics.jsonl). Then, per try, a fresh run directory: the command is started and killed
+with SIGKILL after a random delay (drawn over the first 80% of the reference's wall time,
+so kills land in start-up, warm-up, steps, checkpoint writes and validation) one or two times, then
+rerun with `--resume` until it finishes; a try passes when its final weights hash equals
+the reference. The command is the same every time (`--resume` also starts from scratch
+when the kill came before the first checkpoint). Eager backend on the CPU, tiny config.
+
+    python tools/kill_resume.py --tries 10
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from b2t.config import TINY_CONFIG
+
+TRAIN = "from b2t.cli import train_main; train_main()"
+SETS = ("train.steps=40", "train.checkpoint_every=7", "train.log_every=5", "train.val_every=20",
+        "optim.warmup_steps=5", "optim.decay_steps=40")
+
+
+def make_dataset(work: Path) -> Path:
+    from b2t.config import load_config
+    from preprocess.synth import SynthSpec, write_dataset
+    from preprocess.writer import prepare_dataset
+
+    write_dataset(SynthSpec(sessions=2, train_trials=24, val_trials=6, test_trials=0, seed=1), work / "hdf5")
+    cfg = load_config(TINY_CONFIG, ["data.batch_size=8", "data.epochs=1"])
+    prepare_dataset(work / "hdf5", work / "shards", cfg, splits=("train", "val"), progress=False)
+    return work / "shards"
+
+
+def command(shards: Path, run: Path, resume: bool) -> list[str]:
+    sets = [a for s in SETS for a in ("--set", s)]
+    return [sys.executable, "-c", TRAIN, str(shards), str(run), "--config", str(TINY_CONFIG), "--backend", "eager",
+            "--device", "cpu", "--no-progress", *sets, *(["--resume"] if resume else [])]
+
+
+def final_digest(run: Path) -> str | None:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return None
+    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "summary"]
+    return summaries[-1]["weights_sha256"] if summaries else None
+
+
+def run_to_end(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[3:5])}: exit {done.returncode}\n{done.stderr[-2000:]}")
+
+
+@click.command()
+@click.option("--tries", default=10, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seeds the kill delays.")
+def main(tries: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        shards = make_dataset(work)
+        t0 = time.perf_counter()
+        run_to_end(command(shards, work / "reference", resume=False))
+        wall = time.perf_counter() - t0
+        reference = final_digest(work / "reference")
+        click.echo(f"reference: {wall:.1f} s uninterrupted, weights_sha256 {reference[:16]}...")
+        same, killed = 0, 0
+        for i in range(tries):
+            run = work / f"try{i}"
+            kills = []
+            for _ in range(rng.choice((1, 2))):
+                delay = rng.uniform(0.0, 0.8 * wall)
+                proc = subprocess.Popen(command(shards, run, resume=run.exists()),
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    proc.wait(timeout=delay)
+                except subprocess.TimeoutExpired:
+                    proc.kill()  # SIGKILL
+                    proc.wait()
+                    had = sorted(p.name for p in run.glob("*.safetensors")) if run.exists() else []
+                    kills.append(f"{delay:.1f}s ({', '.join(had) or 'no checkpoint'})")
+            run_to_end(command(shards, run, resume=True))
+            digest = final_digest(run)
+            same += digest == reference
+            killed += bool(kills)
+            click.echo(f"try {i + 1}: killed at {'; '.join(kills) or 'never (finished first)'} -> "
+                       f"{'identical' if digest == reference else f'DIFFERENT {digest}'}")
+            shutil.rmtree(run)
+    click.echo(f"{same}/{tries} reruns gave the reference's final weights ({killed} of the tries were killed at least once)")
+    if same != tries:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
