@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from b2t.config import MeshConfig, load_config
+from b2t.config import TINY_CONFIG, MeshConfig, load_config
 from b2t.data.manifest import Manifest
 from b2t.model.decoder import GRUDecoder
 from b2t.train.backend import make_backend
@@ -54,7 +54,7 @@ def hdf5(tmp_path_factory) -> Path:
 
 
 def _prepare(hdf5: Path, out: Path, *overrides: str) -> Path:
-    prepare_dataset(hdf5, out, load_config(probe.TINY, ["data.batches_per_shard=2", *overrides]),
+    prepare_dataset(hdf5, out, load_config(TINY_CONFIG, ["data.batches_per_shard=2", *overrides]),
                     workers=1, progress=False)
     return out
 
@@ -66,7 +66,7 @@ def shards(hdf5) -> Path:
 
 def _single_device_checkpoint(shards: Path, path: Path) -> Path:
     """A checkpoint written on one XLA device: initial weights and AdamW's zero moments."""
-    cfg = load_config(probe.TINY, ["train.backend=xla"])
+    cfg = load_config(TINY_CONFIG, ["train.backend=xla"])
     backend = make_backend("xla")
     model = run_model(Manifest.load(shards), cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
@@ -76,7 +76,7 @@ def _single_device_checkpoint(shards: Path, path: Path) -> Path:
 
 def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
     """The weights of `path` loaded into a model on the CPU (a one-device load)."""
-    model = GRUDecoder(n_days, load_config(probe.TINY).model, xla=False)
+    model = GRUDecoder(n_days, load_config(TINY_CONFIG).model, xla=False)
     load_checkpoint(path, model)
     return model.state_dict()
 
@@ -148,7 +148,7 @@ def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend):
     shards = _prepare(hdf5, tmp_path / "shards")
     run = tmp_path / "run"
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "b2t-train"), str(shards), str(run), "--config", str(probe.TINY),
+        [str(Path(sys.executable).parent / "b2t-train"), str(shards), str(run), "--config", str(TINY_CONFIG),
          "--backend", backend, "--devices", "all", "--no-progress", "--set", "train.steps=12",
          "--set", "train.log_every=1", "--set", "train.val_every=6", "--set", "train.checkpoint_every=12"],
         cwd=REPO, env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
@@ -173,7 +173,7 @@ def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(shards, tmp_p
     run = tmp_path / "run"
     result = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", str(b2t_train), str(shards), str(run),
-         "--config", str(probe.TINY), "--backend", "inductor", "--no-progress",
+         "--config", str(TINY_CONFIG), "--backend", "inductor", "--no-progress",
          "--set", "train.steps=4", "--set", "train.grad_accum=2", "--set", "train.log_every=2",
          "--set", "train.val_every=4", "--set", "train.checkpoint_every=4", "--set", "train.shuffle_buffer=1"],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
@@ -189,7 +189,7 @@ def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(shards, tmp_p
     assert [r["kind"] for r in logs[1]].count("val") == 0, "only rank 0 validates"
     assert sorted(p.name for p in run.glob("*.safetensors")) == ["best.safetensors", "last.safetensors"]
     # rank 0's checkpoint loads on one device and holds the replicas' weights
-    model = GRUDecoder(len(Manifest.load(shards).sessions), load_config(probe.TINY).model, xla=False)
+    model = GRUDecoder(len(Manifest.load(shards).sessions), load_config(TINY_CONFIG).model, xla=False)
     state = load_checkpoint(run / "last.safetensors", model)
     assert state.step == 4
     assert weights_digest(model) == summaries[0]["weights_sha256"]
@@ -235,7 +235,7 @@ def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / f"store{grad_accum}"), 1), rank=0, world_size=1)
     try:
-        cfg = load_config(probe.TINY, ["train.backend=eager", f"train.grad_accum={grad_accum}"])
+        cfg = load_config(TINY_CONFIG, ["train.backend=eager", f"train.grad_accum={grad_accum}"])
         manifest, backend = Manifest.load(shards), make_backend("eager", "cpu")
         model = run_model(manifest, cfg, backend)
         ddp = wrap_ddp(model, backend.device)
