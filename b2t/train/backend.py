@@ -189,9 +189,12 @@ def describe(backend: Backend) -> str:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
 
-        what = (f"{backend.device} = {xm.xla_device_hw(backend.device)} ({xm.xla_device_kind(backend.device)}), "
-                f"{xr.addressable_runtime_device_count()} devices on this host, "
-                f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
+        if backend.mesh is None:
+            what = f"{backend.device} = {xr.device_type()} ({xm.xla_device_kind(backend.device)})"
+        else:  # the SPMD virtual device has no kind of its own
+            what = f"SPMD mesh {backend.mesh.axes()} of {xr.device_type()} devices"
+        what += (f", {xr.addressable_runtime_device_count()} devices on this host, "
+                 f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
     elif backend.device.type == "cuda":
         what = f"{backend.device} = {torch.cuda.get_device_name(backend.device)}"
     else:
