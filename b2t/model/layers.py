@@ -58,6 +58,13 @@ class DayLayer(nn.Module):
         return F.softsign(torch.baddbmm(b, x.to(self.weight.dtype), w))
 
 
+def day_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every `DayLayer`'s parameters in `model`, by state-dict name, (n_days, ...) each: the one
+    rule for "per-day parameter" (the optimizer's day group, day mapping by session name)."""
+    return {f"{name}.{p}".lstrip("."): param for name, m in model.named_modules() if isinstance(m, DayLayer)
+            for p, param in m.named_parameters()}
+
+
 class GRUStack(nn.Module):
     """A batch-first `n_layers` x `n_units` GRU with a learnable initial state `h0` (1, 1, H)
     expanded to every layer and row: (B, P, D) -> (B, P, H).
