@@ -9,17 +9,24 @@ from hypothesis import strategies as st
 
 from b2t.cli import train_main
 from b2t.config import BASELINE_CONFIG, TINY_CONFIG, load_config
-from b2t.contract import BucketShape
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters
-from b2t.train.plan import GiB, activation_bytes, format_plan, largest_rows, parse_bytes, plan_memory, step_bytes
+from b2t.train.plan import (
+    COMPETITION_BUCKETS,
+    GiB,
+    activation_bytes,
+    format_plan,
+    largest_rows,
+    parse_bytes,
+    plan_memory,
+    step_bytes,
+)
 from tests.strategies import model_configs
 
 BASELINE = load_config(BASELINE_CONFIG)
 TINY = load_config(TINY_CONFIG)
-REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
-                BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88)]
-"""A bucket table like the real data's (trials of 100-2,500 bins, phoneme sequences up to 80)."""
+REAL_BUCKETS = list(COMPETITION_BUCKETS)
+
 
 @given(n_days=st.integers(1, 6), cfg=model_configs())
 def test_parameter_count_is_the_model_s(n_days, cfg):
