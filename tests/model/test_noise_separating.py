@@ -117,3 +117,15 @@ def test_the_model_schedules_its_loss_weight_and_reversal():
 def test_bad_noise_separating_values_say_where(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(CONFIG_DIR / "noise_tiny.yaml", [override])
+
+
+def test_the_recurrent_island_is_the_only_graph_break():
+    """Three GRU stacks, one cut in dynamo's graph: as many graphs as the GRU decoder's."""
+    model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).train()
+    x, days = inputs()
+    try:
+        explained = torch._dynamo.explain(model)(x, days, None, {REVERSAL: torch.tensor([1.0])})
+    finally:
+        torch._dynamo.reset()
+    assert explained.graph_break_count == 1, explained.break_reasons
+    assert "_recurrent" in explained.break_reasons[0].reason
