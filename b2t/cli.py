@@ -50,7 +50,9 @@ def fail(message: str) -> None:
               help="Data-parallel over all (or N) devices of this host with XLA SPMD (openxla or xla "
                    "backend); every bucket's B must divide by the device "
                    "count (data.row_multiple). On GPUs use torchrun --nproc-per-node N b2t-train ... instead.")
-@click.option("--mesh", default=None, metavar="data=N", help="The SPMD mesh, the same as --devices N.")
+@click.option("--mesh", default=None, metavar="data=N,fsdp=M",
+              help="The SPMD mesh: batches split over all N*M devices, weights, gradients and AdamW moments "
+                   "sharded over M of them (fsdp); --mesh data=N is --devices N, --mesh fsdp=8 shards over 8.")
 @click.option("--plan", is_flag=True,
               help="Print the bucket table, device count and estimated per-device memory, then exit "
                    "(nothing is compiled; RUN_DIR is not needed).")
@@ -74,9 +76,9 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
-        n_devices = parse_devices(devices, mesh)
-        if n_devices is not None:
-            overrides = (*overrides, f"mesh.data={n_devices}")
+        mesh_cfg = parse_devices(devices, mesh)
+        if mesh_cfg is not None:
+            overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
         cfg = load_config(config_path, overrides)
         if plan:
             click.echo(_plan_text(dataset, cfg, device_memory))
