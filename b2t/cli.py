@@ -101,17 +101,19 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
 
 
 def _plan_text(dataset: Path, cfg: Config, device_memory: str | None) -> str:
-    """`--plan`: the memory plan for DATASET's buckets on the config's mesh (no XLA start-up
-    unless --devices all has to count the devices)."""
+    """`--plan`: the memory plan for DATASET's buckets on the config's mesh, and with
+    --device-memory the mesh of as many devices it recommends (no XLA start-up unless
+    --devices all has to count the devices)."""
     from b2t.data.manifest import Manifest
     from b2t.train.devices import device_count
     from b2t.train.plan import format_plan, parse_bytes, plan_memory
 
     manifest = Manifest.load(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
-    count = device_count(xla) if cfg.mesh.data == -1 else cfg.mesh.data
+    mesh = cfg.mesh
+    count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
     memory = parse_bytes(device_memory) if device_memory is not None else None
-    plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count,
-                       spmd=xla and cfg.mesh.data != 1, device_memory=memory)
+    plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count, spmd=xla and mesh.spmd,
+                       fsdp=mesh.fsdp, device_memory=memory)
     return format_plan(plan, cfg)
 

@@ -82,7 +82,8 @@ def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.parametrize("backend", ["xla", pytest.param("openxla", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default run's twin: test_fsdp_trains_like_one_device...[xla-data=2,fsdp=4]
+@pytest.mark.parametrize("backend", ["xla", "openxla"])
 def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path, backend):
     init = _single_device_checkpoint(shards, tmp_path / "init.safetensors")
     spmd = probe.spawn(shards, init, tmp_path / "spmd", 4, ["all"], backend)
