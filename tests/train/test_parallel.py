@@ -136,9 +136,10 @@ def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path, backend):
 
 
 FSDP_STEPS = 10
-FSDP_NORM_RTOL = 1e-2
+FSDP_NORM_RTOL = 2e-2
 """Gradient norms over 10 steps: the bf16 rounding differences of NORM_RTOL compound with the
-steps; measured 5.2e-3 at step 10 on data=2,fsdp=4 (losses stay within LOSS_RTOL)."""
+steps; measured at most 5.2e-3 (data=2,fsdp=4) and 9.0e-3 (fsdp=8), both at a late step, while
+the losses stay within 2.8e-4."""
 
 
 @pytest.mark.parametrize(("backend", "mesh"), [
@@ -172,7 +173,7 @@ def test_fsdp_trains_like_one_device_and_its_checkpoint_evaluates_on_one(hdf5, t
     torch.testing.assert_close([s["grad_norm"] for s in many["steps"]], [s["grad_norm"] for s in one["steps"]],
                                rtol=FSDP_NORM_RTOL, atol=0.0)
     counts = [s["compilations"] for s in many["steps"]]
-    settled = 3 if backend == "xla" else 4  # bucket 0's two first steps, bucket 1's first (openxla: + its second)
+    settled = 3 if backend == "xla" else 5  # to bucket 1's first step (openxla: its second, as the warm-up's two)
     assert counts[settled:] == [counts[settled - 1]] * (FSDP_STEPS - settled), f"compiled after warm-up: {counts}"
     assert many["eval_compilations"] == one["eval_compilations"], "saving a sharded checkpoint compiles nothing"
     assert many["fallbacks"] == {}
@@ -183,15 +184,18 @@ def test_fsdp_trains_like_one_device_and_its_checkpoint_evaluates_on_one(hdf5, t
     assert on_one["per"] == many["per"] and on_one["phonemes"] == many["phonemes"]
 
 
-@pytest.mark.parametrize("backend", ["xla", "openxla"])
-def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend):
-    """The CLI on 4 devices: 12 steps over 3 buckets, validation twice, nothing compiled after the
-    warm-up. (Before `Backend.sync` waited under SPMD, such runs crashed within a few steps.)"""
+@pytest.mark.parametrize(("backend", "mesh"), [
+    ("xla", ("--devices", "all")), ("openxla", ("--devices", "all")),
+    pytest.param("xla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow),
+    pytest.param("openxla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow)])
+def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mesh):
+    """The CLI on 4 devices: 12 steps over 3 buckets, validation twice, a checkpoint, nothing compiled
+    after the warm-up. (Before `Backend.sync` waited under SPMD, such runs crashed within a few steps.)"""
     shards = _prepare(hdf5, tmp_path / "shards")
     run = tmp_path / "run"
     result = subprocess.run(
         [str(Path(sys.executable).parent / "b2t-train"), str(shards), str(run), "--config", str(TINY_CONFIG),
-         "--backend", backend, "--devices", "all", "--no-progress", "--set", "train.steps=12",
+         "--backend", backend, *mesh, "--no-progress", "--set", "train.steps=12",
          "--set", "train.log_every=1", "--set", "train.val_every=6", "--set", "train.checkpoint_every=12"],
         cwd=REPO, env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
         capture_output=True, text=True, timeout=600)
@@ -199,6 +203,7 @@ def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     layout = next(r for r in records if r["kind"] == "layout")
     assert (layout["parallel"], layout["devices"]) == ("spmd", 4)
+    assert layout["mesh"] == ({"data": 4} if mesh[0] == "--devices" else {"data": 2, "fsdp": 2})
     summary = next(r for r in records if r["kind"] == "summary")
     warm = summary["warm_up"]["compilations"]
     assert [r["compilations"] for r in records if r["kind"] == "train"] == [warm] * 12, "nothing compiles after warm-up"
