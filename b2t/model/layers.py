@@ -8,6 +8,8 @@
 - `GRUStack`: torch's own multi-layer GRU parameters plus a learnable initial state, run by
   torch's kernel on CPU/CUDA and as one XLA while-loop per layer on XLA
   (`b2t.model.recurrence`), behind the model's one graph break.
+- `dropped`: a drawn dropout mask applied (or module dropout where none was drawn), and
+  `reverse_gradient`: identity forward, gradient times -scale backward.
 
 Dtypes: parameters are f32 master weights made on the CPU (one seed, the same weights on
 every backend); the trainer's bf16 autocast decides what the matmuls compute in.
@@ -111,6 +113,46 @@ class GRUStack(nn.Module):
             return scan_gru(self, x, h0)
         params = [getattr(self, name) for name in self.param_names]
         return torch.gru(x, h0, params, True, self.num_layers, self.dropout, self.training, False, True)[0]
+
+
+def check_features(features: torch.Tensor, xla: bool) -> None:
+    """Refuse features that are not (B, T, F), or on a device the model was not built for
+    (`xla` picks the recurrence kernels), with the reason."""
+    if features.dim() != 3 or features.shape[2] != FEATURE_DIM:
+        raise ValueError(f"features must be (B, T, {FEATURE_DIM}), got {tuple(features.shape)}")
+    if (features.device.type == "xla") != xla:
+        raise ValueError(
+            f"this decoder was built with xla={xla} but got features on {features.device}; "
+            "build it with xla=True for XLA devices and xla=False otherwise"
+        )
+
+
+def dropped(x: torch.Tensor, keep: torch.Tensor | None, p: float, training: bool) -> torch.Tensor:
+    """`x` times its drawn inverted-dropout mask `keep` (`b2t.model.masks`), or, where the
+    caller drew none (evaluation, module tests), `F.dropout` with probability `p`."""
+    return x * keep if keep is not None else F.dropout(x, p, training)
+
+
+class _ReverseGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (scale,) = ctx.saved_tensors
+        return -scale.to(grad.dtype) * grad, None
+
+
+def reverse_gradient(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Identity forward; backward multiplies the gradient by `-scale` (a gradient-reversal layer:
+    what comes before it learns to make the loss after it worse).
+
+    `scale` is a tensor (not a float): a per-step value uploaded as device data keeps one graph
+    while its schedule ramps (a float would be baked into the trace).
+    """
+    return _ReverseGradient.apply(x, scale)
 
 
 def patches(x: torch.Tensor, size: int, stride: int) -> torch.Tensor:

@@ -12,12 +12,15 @@ fsdp > 1, sharded over `fsdp` of them as `b2t.train.mesh.shard_dim` splits them)
                `b2t.xla_workarounds`), and under fsdp a gather workspace: the largest tensor's
                f32 weight and gradient whole (before its reduce-scatter), twice;
   activations  of one micro-batch of `rows` rows in a bucket of T bins (P patches), per
-               the dtype policy in `b2t.contract` (bf16 compute, f32 GRU state and CTC):
-               augmentation scratch, the day layer (its per-row (F, F) weights gathered),
-               patches (rows, P, size*F), per GRU layer the input projection (rows, P, 3H)
-               and the saved gates and states, logits and f32 log-probabilities, the CTC
+               the dtype policy in `b2t.contract` (bf16 compute, f32 GRU state and CTC),
+               for any model family (its day layers, GRU stacks and linear layers are read
+               off the module tree, `model_shape`): augmentation scratch, per day layer its
+               per-row (F, F) weights gathered and its patches (rows, P, size*F), per GRU
+               layer the input projection (rows, P, 3H) and the saved gates and states,
+               every linear output and the heads' f32 log-probabilities, per head the CTC
                scan state (P, rows, 2L+1) with its 3-way logsumexp, and as backward
-               workspace one more copy of the largest activation.
+               workspace one more copy of the largest activation. Element-wise joins
+               between parts (the noise family's patches - estimate) are not counted.
 
 It is a model of what the graph holds, not a measurement; the report of issue 5 compares
 it with the peak memory of a real CPU run.
@@ -28,13 +31,16 @@ S = 2L + 1 CTC states, C = 41 classes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch import nn
 
 from b2t.buckets import patch_count
 from b2t.config import Config, ModelConfig
 from b2t.contract import COMPUTE_DTYPE, FEATURE_DIM, FEATURE_DTYPE, LOSS_DTYPE, PARAM_DTYPE, BucketShape
+from b2t.model.layers import DayLayer, GRUStack
 from b2t.model.registry import build_model, count_parameters
 from b2t.phonemes import N_CLASSES
 from b2t.train.mesh import shard_dim
@@ -47,31 +53,68 @@ DEFAULT_HEADROOM = 0.1
 """Share of device memory left to the runtime, fragmentation and XLA's own scratch."""
 
 
-def matmul_weights(cfg: ModelConfig) -> int:
-    """Parameters autocast copies to bf16 each step (GRU and output weight matrices)."""
-    F, g = FEATURE_DIM, cfg.gru
-    H = g.n_units
-    gru = sum(3 * H * ((cfg.patch_size * F) if k == 0 else H) + 3 * H * H for k in range(g.n_layers))
-    return gru + N_CLASSES * H
+COMPETITION_DAYS = 45
+COMPETITION_BUCKETS = (BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
+                       BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88))
+"""What `--plan` assumes without a dataset: the Brain-to-Text '25 data's 45 sessions and a
+bucket table like its own (trials of 100-2,500 bins, phoneme sequences up to about 80)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the activation estimate needs of a model family, read off its modules.
+
+    `inputs`: day layers (each makes its own (r, T, F) input and (r, P, D) patches);
+    `grus`: (input width, hidden units, layers) per GRU stack; `linears`: (input, output)
+    widths of every linear layer outside the GRUs (heads of C classes, or D for a noise estimate);
+    `heads`: CTC heads; `matmul_weights`: parameters autocast copies to bf16 each step.
+    """
+
+    inputs: int
+    grus: tuple[tuple[int, int, int], ...]
+    linears: tuple[tuple[int, int], ...]
+    heads: int
+    matmul_weights: int
+
+
+@functools.cache
+def model_shape(cfg: ModelConfig) -> ModelShape:
+    """The `ModelShape` of `cfg`'s family, from its modules built on the meta device."""
+    model = build_model(cfg, 1, xla=False, device=torch.device("meta"))
+    grus = [m for m in model.modules() if isinstance(m, GRUStack)]
+    in_grus = {id(p) for g in grus for p in g.parameters()}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in in_grus]
+    gru_weights = sum(getattr(g, n).numel() for g in grus for n in g.param_names if n.startswith("weight"))
+    return ModelShape(
+        inputs=sum(isinstance(m, DayLayer) for m in model.modules()),
+        grus=tuple((g.weight_ih_l0.shape[1], g.hidden_size, g.num_layers) for g in grus),
+        linears=tuple((m.in_features, m.out_features) for m in linears),
+        heads=len(model.heads),
+        matmul_weights=gru_weights + sum(m.weight.numel() for m in linears),
+    )
 
 
 def activation_bytes(rows: int, T: int, L: int, cfg: ModelConfig) -> dict[str, int]:
     """Bytes one training micro-batch of `rows` rows x T bins (L label slots) keeps, by part."""
-    F, H, n = FEATURE_DIM, cfg.gru.n_units, cfg.gru.n_layers
+    shape, F = model_shape(cfg), FEATURE_DIM
     P = patch_count(T, cfg.patch_size, cfg.patch_stride)
-    S = 2 * L + 1
-    rTF, rPH = rows * T * F, rows * P * H
+    D, S = cfg.patch_size * F, 2 * L + 1
+    rTF, rP = rows * T * F, rows * P
+    # per GRU layer: input projection (r,P,3H) bf16, saved gates (r,P,3H) f32, carried h and
+    # output (r,P,H) f32; between layers a dropout mask and the dropped copy
+    gru = sum(n * rP * H * (3 * BF16 + 3 * F32 + 2 * F32) + (n - 1) * rP * H * (MASK + BF16) for _, H, n in shape.grus)
     parts = {
         "batch + augmentation": rTF * FEAT + 3 * rTF * LOSS,  # bf16 input, f32 noise/shift/smooth scratch
-        "day layer": rows * F * F * (F32 + BF16) + rTF * (BF16 + BF16 + MASK + BF16),  # W gathered (r,F,F)
-        "patches": rows * P * cfg.patch_size * F * BF16,  # (r, P, size*F) bf16
-        # per layer: input projection (r,P,3H) bf16, saved gates (r,P,3H) f32, carried h and output (r,P,H) f32
-        "GRU": n * rPH * (3 * BF16 + 3 * F32 + 2 * F32) + (n - 1) * rPH * (MASK + BF16),
-        "output + log-softmax": rPH * BF16 + rows * P * N_CLASSES * (BF16 + LOSS),
-        "CTC scan": rows * P * S * LOSS * (1 + 1 + 3),  # emissions, alpha per step, logsumexp stack
+        # per day layer: W gathered (r,F,F) f32 and bf16; softsign in and out, mask, dropped copy
+        "day layers": shape.inputs * (rows * F * F * (F32 + BF16) + rTF * (BF16 + BF16 + MASK + BF16)),
+        "patches": shape.inputs * rP * D * BF16,  # (r, P, size*F) bf16 per day layer
+        "GRU": gru,
+        # bf16 input copy and output of each linear, the heads' f32 log-probabilities
+        "linear layers + log-softmax": sum(rP * (i + o) * BF16 for i, o in shape.linears) + shape.heads * rP * N_CLASSES * LOSS,
+        "CTC scan": shape.heads * rP * S * LOSS * (1 + 1 + 3),  # emissions, alpha per step, logsumexp stack
     }
-    largest = max(rows * F * F * F32, rTF * LOSS, rows * P * cfg.patch_size * F * BF16,
-                  rows * P * 3 * H * F32, rows * P * S * LOSS * 3)
+    largest = max(rows * F * F * F32, rTF * LOSS, rP * D * BF16, rP * 3 * max(H for _, H, _ in shape.grus) * F32,
+                  shape.heads * rP * S * LOSS * 3)
     parts["backward workspace"] = largest
     return parts
 
@@ -86,6 +129,7 @@ class Weights:
     fsdp: int = 1
 
 
+@functools.cache
 def weight_layout(cfg: ModelConfig, n_days: int, fsdp: int = 1) -> Weights:
     """`Weights` of `cfg`'s model from its real parameter shapes (built on the meta device)."""
     shapes = [p.shape for p in build_model(cfg, n_days, xla=False, device=torch.device("meta")).parameters()]
@@ -100,7 +144,7 @@ def static_bytes(weights: Weights, cfg: ModelConfig, spmd: bool) -> dict[str, in
         "weights (f32)": share * F32,
         "gradients (f32)": share * F32,
         "AdamW moments (f32)": 2 * share * F32,
-        "bf16 weight copies": matmul_weights(cfg) * BF16,
+        "bf16 weight copies": model_shape(cfg).matmul_weights * BF16,
     }
     if spmd:
         parts["update copies (SPMD, no aliasing)"] = 3 * share * F32
@@ -272,8 +316,9 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> str:
         if plan.recommended is not None:
             lines.append(_recommendation(plan.recommended))
     lines += [f"note: {n}" for n in plan.notes]
-    m = cfg.model
-    lines.append(f"(config: {m.family} family, {m.gru.n_layers}x{m.gru.n_units} GRU, patch {m.patch_size}/"
+    m, shape = cfg.model, model_shape(cfg.model)
+    grus = " + ".join(f"{n}x{H}" for _, H, n in shape.grus)
+    lines.append(f"(config: {m.family} family, GRU layers x units {grus}, patch {m.patch_size}/"
                  f"{m.patch_stride}; an estimate from shapes, nothing was compiled)")
     return "\n".join(lines)
 

@@ -9,9 +9,10 @@ dynamo; the two recurrences (GRU, CTC) are explicit islands that run as XLA whil
 the device and the loop reads them every `log_every` steps.
 
 The model is any family of `b2t.model.registry`: it returns named CTC heads, each gets its
-own CTC loss (the step's loss is their sum, per row, averaged over valid rows), and its
-`decode_head` is what evaluation decodes. The random masks it declares are drawn here,
-outside the compiled region.
+own CTC loss (per row, averaged over valid rows; the objective is their sum weighted by
+the model's `loss_weights`), and its `decode_head` is what evaluation decodes. The random
+masks it declares are drawn here, outside the compiled region, and its per-step
+`schedule` values are uploaded here.
 """
 
 from __future__ import annotations
@@ -72,21 +73,29 @@ class Stepper:
                     }
 
     def _heads_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                       phone_seq_lens: Tensor, day_indices: Tensor,
-                       masks: dict[str, Tensor] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
-        """Logits of every head (B, P, C), each head's per-row CTC loss (B,) f32, output lengths (B,)."""
+                       phone_seq_lens: Tensor, day_indices: Tensor, masks: dict[str, Tensor] | None = None,
+                       schedule: dict[str, Tensor] | None = None, *,
+                       heads_wanted: tuple[str, ...] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+        """Logits of every head (B, P, C), the per-row CTC loss (B,) f32 of each head in
+        `heads_wanted` (default all), output lengths (B,)."""
         with self.backend.autocast():
-            heads = self.forward(features, day_indices, masks)  # {head: (B, P, C)} bf16
+            heads = self.forward(features, day_indices, masks, schedule, heads_wanted)  # {head: (B, P, C)} bf16
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
-        nll = {name: ctc_loss(logits.to(LOSS_DTYPE).log_softmax(-1), seq_class_ids, out_lens, phone_seq_lens)
-               for name, logits in heads.items()}  # CTC in f32
-        return heads, nll, out_lens
+        names = tuple(heads)
+        # One CTC over the heads stacked along the rows: one recurrence (one island under
+        # openxla) whatever the number of heads. CTC in f32.
+        log_probs = torch.cat([heads[n].to(LOSS_DTYPE).log_softmax(-1) for n in names])  # (k*B, P, C)
+        k = len(names)
+        nll = ctc_loss(log_probs, seq_class_ids.repeat(k, 1), out_lens.repeat(k), phone_seq_lens.repeat(k))
+        return heads, dict(zip(names, nll.chunk(k))), out_lens
 
     def _forward_loss(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor,
-                      masks: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+                      masks: dict[str, Tensor] | None = None,
+                      schedule: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         """Mean CTC loss of each head over the batch's valid rows (padding rows weigh nothing)."""
-        _, nll, _ = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices, masks)
+        _, nll, _ = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                        masks, schedule)
         weight = valid.to(LOSS_DTYPE)
         rows = weight.sum().clamp(min=1.0)
         return {name: (loss * weight).sum() / rows for name, loss in nll.items()}
@@ -94,21 +103,24 @@ class Stepper:
     def _forward_eval(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The decode head's per-row CTC loss, greedy frame ids (B, P) and output lengths."""
-        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
         head = self.model.decode_head
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                                   heads_wanted=(head,))
         return nll[head], heads[head].argmax(-1).to(torch.int32), out_lens
 
     def _forward_log_probs(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                            phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`_forward_eval` plus the decode head's (B, P, C) f32 log-probabilities a word beam search reads."""
-        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
-        logits = heads[self.model.decode_head]
+        head = self.model.decode_head
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                                   heads_wanted=(head,))
+        logits = heads[head]
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # (B, P, C) f32
-        return nll[self.model.decode_head], logits.argmax(-1).to(torch.int32), out_lens, log_probs
+        return nll[head], logits.argmax(-1).to(torch.int32), out_lens, log_probs
 
-    def _inputs(self, batch: Batch, train: bool, *, with_valid: bool = False) -> dict[str, Any]:
+    def _inputs(self, batch: Batch, train: bool, *, step: int = 0, with_valid: bool = False) -> dict[str, Any]:
         """Augmented step inputs, placed by the backend (sharded over its mesh); in training
-        also `valid` and the model's dropout masks."""
+        also `valid`, the model's dropout masks and its `schedule` values at `step`."""
         t = self.backend.place(batch.tensors)
         features, n_time_steps = augment(t["features"], t["n_time_steps"], self.cfg.augment, train=train)
         inputs = {"features": features, "n_time_steps": n_time_steps, "seq_class_ids": t["seq_class_ids"],
@@ -117,19 +129,28 @@ class Stepper:
             return {**inputs, "valid": t["valid"]} if with_valid else inputs
         B, T, _ = features.shape  # the masks are drawn here, outside the compiled region
         masks = {name: m.draw(features.device) for name, m in self.model.dropout_masks(B, T).items()}
-        return {**inputs, "valid": t["valid"], "masks": masks}
+        return {**inputs, "valid": t["valid"], "masks": masks, "schedule": self._uploaded(self.model.schedule(step))}
+
+    def _uploaded(self, values: dict[str, float]) -> dict[str, Tensor]:
+        """Per-step values as (1,) f32 tensors copied from the host: device data whatever the
+        value, so a ramp through 0 or 1 keeps the graph (torch_xla bakes those in as constants)."""
+        return {name: self.backend.replicated(torch.tensor([v], dtype=LOSS_DTYPE, device="cpu"))
+                for name, v in values.items()}
 
     def seed(self, step: int, micro: int = 0) -> None:
         """Per-step RNG seed: a resumed run draws the same noise and dropout as an unbroken one."""
         self.backend.seed(self.cfg.train.seed * 1_000_003 + step * 64 + micro)
 
-    def forward_backward(self, batch: Batch, step: int, micro: int) -> dict[str, Tensor]:
-        """Each head's loss (device scalars) of one micro-batch; the gradient of their sum is added to `.grad`."""
+    def forward_backward(self, batch: Batch, step: int, micro: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """The objective (the heads' losses weighted by `model.loss_weights(step)`) of one
+        micro-batch and each head's loss, device scalars; the objective's gradient is added to `.grad`."""
         self.model.train()
         self.seed(step, micro)
-        losses = self._train_fn(**self._inputs(batch, train=True))
-        (sum(losses.values()) / self.cfg.train.grad_accum).backward()
-        return {name: loss.detach() for name, loss in losses.items()}
+        losses = self._train_fn(**self._inputs(batch, train=True, step=step))
+        weights = self._uploaded(self.model.loss_weights(step))
+        objective = sum((weights[name] * loss).sum() for name, loss in losses.items())
+        (objective / self.cfg.train.grad_accum).backward()
+        return objective.detach(), {name: loss.detach() for name, loss in losses.items()}
 
     @torch.no_grad()
     def losses(self, batch: Batch) -> dict[str, Tensor]:
@@ -155,13 +176,15 @@ class Stepper:
         (`no_sync` around the others): the sum is the same, the traffic 1/grad_accum.
         """
         no_sync = getattr(self.forward, "no_sync", contextlib.nullcontext)
-        micro = []
+        objectives, micro = [], []
         for i, batch in enumerate(batches):
             with no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
-                micro.append(self.forward_backward(batch, step, i))
+                objective, losses = self.forward_backward(batch, step, i)
+            objectives.append(objective)
+            micro.append(losses)
         norm = self.update(step)
         losses = {name: torch.stack([m[name] for m in micro]).mean() for name in micro[0]}
-        loss = sum(losses.values())
+        loss = torch.stack(objectives).mean()
         for name, value in {TOTAL: loss, **losses}.items():  # inside the step's graph: every step traces the same graph
             self._loss_totals[name] = self._loss_totals[name] + value
         self.backend.sync()

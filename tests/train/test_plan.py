@@ -8,18 +8,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.cli import train_main
-from b2t.config import BASELINE_CONFIG, TINY_CONFIG, load_config
-from b2t.contract import BucketShape
+from b2t.config import BASELINE_CONFIG, CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters
-from b2t.train.plan import GiB, activation_bytes, format_plan, largest_rows, parse_bytes, plan_memory, step_bytes, weight_layout
+from b2t.train.plan import (
+    COMPETITION_BUCKETS,
+    GiB,
+    activation_bytes,
+    format_plan,
+    largest_rows,
+    parse_bytes,
+    plan_memory,
+    step_bytes,
+    weight_layout,
+)
 from tests.strategies import model_configs
 
 BASELINE = load_config(BASELINE_CONFIG)
 TINY = load_config(TINY_CONFIG)
-REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
-                BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88)]
-"""A bucket table like the real data's (trials of 100-2,500 bins, phoneme sequences up to 80)."""
+REAL_BUCKETS = list(COMPETITION_BUCKETS)
+
 
 @given(n_days=st.integers(1, 6), cfg=model_configs())
 def test_parameter_count_is_the_model_s(n_days, cfg):
@@ -81,19 +89,21 @@ def test_plan_reports_the_fit_against_device_memory():
 GRU_687M = load_config(BASELINE_CONFIG, ["model.gru.n_units=4608"])
 """The reference recipe widened to 687M parameters (684.6M with 45 days): the size whose replicas
 did not fit 16 GiB devices at batch 64."""
+NOISE_687M = load_config(CONFIG_DIR / "noise687m.yaml")
 
 
-def test_fsdp_shards_the_training_state_so_batch_64_of_687m_fits_16_gib_devices():
-    replicated = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=16 * GiB)
-    sharded = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, fsdp=8, device_memory=16 * GiB)
-    assert 680e6 < sharded.n_params < 690e6
+@pytest.mark.parametrize("cfg", [GRU_687M, NOISE_687M], ids=["gru", "noise_separating"])
+def test_fsdp_shards_the_training_state_so_batch_64_of_687m_fits_16_gib_devices(cfg):
+    replicated = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, device_memory=16 * GiB)
+    sharded = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, fsdp=8, device_memory=16 * GiB)
+    assert 680e6 < sharded.n_params < 700e6
     for part in ("weights (f32)", "gradients (f32)", "AdamW moments (f32)"):
         assert replicated.static[part] / 8 <= sharded.static[part] <= 1.3 * replicated.static[part] / 8, part
     assert sharded.largest.activations == replicated.largest.activations, "the rows are split over all 8 either way"
     assert not replicated.fits and sharded.fits
-    text = format_plan(replicated, GRU_687M)
+    text = format_plan(replicated, cfg)
     assert "the configured batches: DOES NOT FIT" in text and "not even one row per device fits" in text
-    assert "the configured batches: fits" in format_plan(sharded, GRU_687M)
+    assert "the configured batches: fits" in format_plan(sharded, cfg)
 
 
 def test_the_recommended_mesh_is_the_least_sharding_that_fits():
