@@ -50,7 +50,9 @@ def fail(message: str) -> None:
               help="Data-parallel over all (or N) devices of this host with XLA SPMD (openxla or xla "
                    "backend); every bucket's B must divide by the device "
                    "count (data.row_multiple). On GPUs use torchrun --nproc-per-node N b2t-train ... instead.")
-@click.option("--mesh", default=None, metavar="data=N", help="The SPMD mesh, the same as --devices N.")
+@click.option("--mesh", default=None, metavar="data=N,fsdp=M",
+              help="The SPMD mesh: batches split over all N*M devices, weights, gradients and AdamW moments "
+                   "sharded over M of them (fsdp); --mesh data=N is --devices N, --mesh fsdp=8 shards over 8.")
 @click.option("--plan", is_flag=True,
               help="Print the parameters per model part, the bucket table, device count and estimated "
                    "per-device memory, then exit (nothing is compiled; RUN_DIR is not needed; without "
@@ -76,9 +78,9 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
-        n_devices = parse_devices(devices, mesh)
-        if n_devices is not None:
-            overrides = (*overrides, f"mesh.data={n_devices}")
+        mesh_cfg = parse_devices(devices, mesh)
+        if mesh_cfg is not None:
+            overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
         cfg = load_config(config_path, overrides)
         if plan:
             click.echo(_plan_text(dataset, cfg, device_memory))
@@ -104,7 +106,8 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
 
 def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> str:
     """`--plan`: the memory plan for DATASET's buckets (else the competition data's) on the
-    config's mesh (no XLA start-up unless --devices all has to count the devices)."""
+    config's mesh, and with --device-memory the mesh of as many devices it recommends (no XLA
+    start-up unless --devices all has to count the devices)."""
     from b2t.data.manifest import Manifest
     from b2t.train.devices import device_count
     from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS, format_plan, parse_bytes, plan_memory
@@ -115,8 +118,9 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
         manifest = Manifest.load(dataset)
         buckets, n_days, source = manifest.buckets, len(manifest.sessions), str(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
-    count = device_count(xla) if cfg.mesh.data == -1 else cfg.mesh.data
+    mesh = cfg.mesh
+    count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
     memory = parse_bytes(device_memory) if device_memory is not None else None
-    plan = plan_memory(buckets, n_days, cfg, count, spmd=xla and cfg.mesh.data != 1, device_memory=memory)
+    plan = plan_memory(buckets, n_days, cfg, count, spmd=xla and mesh.spmd, fsdp=mesh.fsdp, device_memory=memory)
     return f"planning for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + format_plan(plan, cfg)
 

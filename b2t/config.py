@@ -179,10 +179,17 @@ class TrainConfig:
 class MeshConfig:
     """How one process spreads a run over XLA devices (SPMD); recorded in checkpoints."""
 
-    data: int = 1  # devices each batch is split over along its rows; -1 = every device; 1 = one device
+    data: int = 1  # devices each batch is split over along its rows; -1 = every device (over fsdp); 1 = one
+    fsdp: int = 1  # devices weights, gradients and AdamW moments are sharded over (the batch is split over these too)
 
     def __post_init__(self) -> None:
         _require(self.data >= 1 or self.data == -1, f"mesh.data must be >= 1 or -1 (all devices), got {self.data}")
+        _require(self.fsdp >= 1, f"mesh.fsdp must be >= 1, got {self.fsdp}")
+
+    @property
+    def spmd(self) -> bool:
+        """Whether the run spans an SPMD mesh (anything but one device)."""
+        return (self.data, self.fsdp) != (1, 1)
 
 
 @dataclass(frozen=True, kw_only=True)

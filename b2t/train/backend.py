@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE
@@ -49,7 +50,7 @@ class CompileStats:
 class Backend:
     name: str
     device: torch.device
-    mesh: SpmdMesh | None = None  # XLA SPMD: batches are split along their batch dim over it
+    mesh: SpmdMesh | None = None  # XLA SPMD: batches split along their batch dim, weights maybe sharded
     baseline: CompileStats = field(default_factory=lambda: CompileStats(0, {}))
     """The process's XLA counters when this backend was made: `stats` counts from there, so a
     run in a process that compiled before (a notebook, a test session) reports its own."""
@@ -81,6 +82,12 @@ class Backend:
         """
         t = t.to(self.device)
         return t if self.mesh is None else self.mesh.replicate(t)
+
+    def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """On a mesh with fsdp > 1, split weights, gradients and AdamW moments over it (once,
+        before the first step; `SpmdMesh.shard_training_state`); otherwise nothing."""
+        if self.mesh is not None:
+            self.mesh.shard_training_state(model, optimizer)
 
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""

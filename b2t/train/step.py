@@ -48,13 +48,13 @@ class Stepper:
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(self._forward_log_probs)
         self._loss_totals = self._zero_totals()
-        if optimizer is None:
-            return
-        # Gradients exist from the start, so the first backward accumulates like every later
-        # one: a backward that creates .grad traces a different graph than one that adds to it.
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        self._init_optimizer_state()
+        if optimizer is not None:
+            # Gradients exist from the start, so the first backward accumulates like every later
+            # one: a backward that creates .grad traces a different graph than one that adds to it.
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            self._init_optimizer_state()
+        backend.shard(model, optimizer)
 
     def _init_optimizer_state(self) -> None:
         """Create AdamW's state up front (zero moments, step 0: what its first step would make).
