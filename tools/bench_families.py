@@ -25,12 +25,15 @@ FAMILY_CONFIGS = {"gru": TINY_CONFIG, "noise_separating": CONFIG_DIR / "noise_ti
 
 
 def make_dataset(work: Path, rank: int, std: float, timescale: float) -> Path:
-    from preprocess.synth import SynthSpec, write_dataset
+    from preprocess.synth import SynthSpec, read_spec, write_dataset
     from preprocess.writer import prepare_dataset
 
     spec = SynthSpec(sessions=5, seed=0, structured_noise_rank=rank, structured_noise_std=std,
                      structured_noise_timescale=timescale)
-    write_dataset(spec, work / "hdf5")
+    if read_spec(work / "hdf5") != spec:  # a kept --workdir reuses a finished dataset of the same options
+        shutil.rmtree(work / "hdf5", ignore_errors=True)
+        shutil.rmtree(work / "shards", ignore_errors=True)
+        write_dataset(spec, work / "hdf5")
     prepare_dataset(work / "hdf5", work / "shards", load_config(TINY_CONFIG), workers=1, progress=False)
     return work / "shards"
 

@@ -61,9 +61,9 @@ def evaluate(stepper: Stepper, batch: Batch) -> dict[str, Any]:
 
 
 def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_name: str = "xla",
-        steps: int = 5) -> dict[str, Any]:
+        steps: int = 5, config: Path = TINY_CONFIG) -> dict[str, Any]:
     """Step `steps` batches from checkpoint `init` (a resume), eval the last one; save out_dir/final.safetensors."""
-    cfg = load_config(TINY_CONFIG, [f"train.backend={backend_name}"])
+    cfg = load_config(config, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, mesh=mesh)
     model = run_model(manifest, cfg, backend)
@@ -85,6 +85,7 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     save_checkpoint(out_dir / "final.safetensors", model, optimizer, TrainState(step=len(batches)))
     params = list(model.parameters())
     moments = [v for p in params for v in optimizer.state[p].values() if v.shape == p.shape]
+    first_gru = next(p for name, p in model.named_parameters() if name.endswith("gru.weight_ih_l0"))
     return {
         "steps": trace,
         **evaluation,
@@ -92,8 +93,8 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
         "eval_compilations": backend.stats().since(start).compilations - trained,
         "batch_sharding": {k: sharding_spec(v) for k, v in placed.items()},
         "weight_sharding": {k: sharding_spec(v) for k, v in model.named_parameters()},
-        "grad_sharding": sharding_spec(model.gru.weight_ih_l0.grad),
-        "moment_sharding": sharding_spec(optimizer.state[model.gru.weight_ih_l0]["exp_avg"]),
+        "grad_sharding": sharding_spec(first_gru.grad),
+        "moment_sharding": sharding_spec(optimizer.state[first_gru]["exp_avg"]),
         "state_bytes": {"weights": device_bytes(params), "grads": device_bytes(p.grad for p in params),
                         "moments": device_bytes(moments)} if mesh is not None else {},
         "fallbacks": fallbacks,  # ops run on the host during the steps and the eval
@@ -111,12 +112,12 @@ def evaluate_checkpoint(shards: Path, path: Path, backend_name: str = "xla", ste
 
 
 def spawn(shards: Path, init: Path, out_dir: Path, n_devices: int, meshes: list[str], backend: str = "xla",
-          steps: int = 5) -> subprocess.Popen:
+          steps: int = 5, config: Path = TINY_CONFIG) -> subprocess.Popen:
     """This probe in a subprocess on `n_devices` virtual CPU devices, one run per mesh in `meshes`."""
     args = [a for m in meshes for a in ("--mesh", m)]
     return subprocess.Popen(
         [sys.executable, "-m", "tests.train._parallel_probe", str(shards), str(init), str(out_dir),
-         *args, "--backend", backend, "--steps", str(steps)],
+         *args, "--backend", backend, "--steps", str(steps), "--config", str(config)],
         cwd=REPO, env={**os.environ, "CPU_NUM_DEVICES": str(n_devices), "PJRT_DEVICE": "CPU"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -136,12 +137,13 @@ def main() -> None:
     parser.add_argument("--mesh", action="append", required=True, help="data=N,fsdp=M or all (repeatable)")
     parser.add_argument("--backend", default="xla", choices=("xla", "openxla"))
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--config", type=Path, default=TINY_CONFIG, help="the model and recipe (default: tiny)")
     args = parser.parse_args()
     for i, text in enumerate(args.mesh):
         cfg = parse_devices("all", None) if text == "all" else parse_devices(None, text)
         out = args.out_dir / f"mesh{i}"
         out.mkdir(parents=True, exist_ok=True)
-        result = run(args.shards, args.init, out, enable_spmd(cfg), args.backend, args.steps)
+        result = run(args.shards, args.init, out, enable_spmd(cfg), args.backend, args.steps, args.config)
         (out / "probe.json").write_text(json.dumps(result))
 
 

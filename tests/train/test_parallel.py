@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from b2t.config import TINY_CONFIG, MeshConfig, load_config
+from b2t.config import CONFIG_DIR, TINY_CONFIG, MeshConfig, load_config
 from b2t.data.manifest import Manifest
 from b2t.model.decoder import GRUDecoder
+from b2t.model.registry import build_model
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
 from b2t.train.loop import TrainingError, check_same_readers, run_model, weights_digest
@@ -65,9 +66,9 @@ def shards(hdf5) -> Path:
     return _prepare(hdf5, hdf5.parent / "shards")
 
 
-def _single_device_checkpoint(shards: Path, path: Path) -> Path:
+def _single_device_checkpoint(shards: Path, path: Path, config: Path = TINY_CONFIG) -> Path:
     """A checkpoint written on one XLA device: initial weights and AdamW's zero moments."""
-    cfg = load_config(TINY_CONFIG, ["train.backend=xla"])
+    cfg = load_config(config, ["train.backend=xla"])
     backend = make_backend("xla")
     model = run_model(Manifest.load(shards), cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
@@ -182,6 +183,26 @@ def test_fsdp_trains_like_one_device_and_its_checkpoint_evaluates_on_one(hdf5, t
                                        FSDP_STEPS)
     torch.testing.assert_close(on_one["eval_nll"], many["eval_nll"], rtol=LOSS_RTOL, atol=0.0)
     assert on_one["per"] == many["per"] and on_one["phonemes"] == many["phonemes"]
+
+
+@pytest.mark.slow
+def test_the_noise_separating_family_trains_under_fsdp_like_one_device(hdf5, tmp_path):
+    """configs/noise_tiny.yaml on `data=2,fsdp=4`: one device's losses, 1/fsdp of the training
+    state per device, nothing compiled after the first steps of each bucket."""
+    config = CONFIG_DIR / "noise_tiny.yaml"
+    shards = _prepare(hdf5, tmp_path / "shards", "data.row_multiple=8")
+    init = _single_device_checkpoint(shards, tmp_path / "init.safetensors", config)
+    spmd = probe.spawn(shards, init, tmp_path / "spmd", 8, ["data=2,fsdp=4"], "xla", FSDP_STEPS, config)
+    one = probe.run(shards, init, tmp_path / "one", None, "xla", FSDP_STEPS, config)
+    (many,) = probe.results(spmd, tmp_path / "spmd", 1)
+    torch.testing.assert_close([s["loss"] for s in many["steps"]], [s["loss"] for s in one["steps"]],
+                               rtol=LOSS_RTOL, atol=0.0)
+    model = build_model(load_config(config).model, 3, xla=False)
+    whole = sum(p.numel() * 4 for p in model.parameters())
+    assert all(whole / 4 <= held <= 1.3 * whole / 4 for held in many["state_bytes"]["weights"])
+    counts = [s["compilations"] for s in many["steps"]]
+    assert counts[3:] == [counts[2]] * (FSDP_STEPS - 3), f"compiled after warm-up: {counts}"
+    assert many["fallbacks"] == {}
 
 
 @pytest.mark.parametrize(("backend", "mesh"), [
