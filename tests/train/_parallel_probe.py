@@ -82,7 +82,9 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     evaluation = evaluate(stepper, batches[-1])
     fallbacks = backend.stats().since(start).fallbacks
     placed = backend.place(batches[0].tensors)
+    before_save = backend.stats().compilations
     save_checkpoint(out_dir / "final.safetensors", model, optimizer, TrainState(step=len(batches)))
+    save_compilations = backend.stats().compilations - before_save
     params = list(model.parameters())
     moments = [v for p in params for v in optimizer.state[p].values() if v.shape == p.shape]
     first_gru = next(p for name, p in model.named_parameters() if name.endswith("gru.weight_ih_l0"))
@@ -90,7 +92,8 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
         "steps": trace,
         **evaluation,
         "train_compilations": trained,
-        "eval_compilations": backend.stats().since(start).compilations - trained,
+        "eval_compilations": backend.stats().since(start).compilations - trained - save_compilations,
+        "save_compilations": save_compilations,
         "batch_sharding": {k: sharding_spec(v) for k, v in placed.items()},
         "weight_sharding": {k: sharding_spec(v) for k, v in model.named_parameters()},
         "grad_sharding": sharding_spec(first_gru.grad),
