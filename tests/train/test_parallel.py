@@ -206,7 +206,8 @@ def test_the_noise_separating_family_trains_under_fsdp_like_one_device(hdf5, tmp
 
 
 @pytest.mark.parametrize(("backend", "mesh"), [
-    ("xla", ("--devices", "all")), ("openxla", ("--devices", "all")),
+    ("xla", ("--devices", "all")),
+    pytest.param("openxla", ("--devices", "all"), marks=pytest.mark.slow),
     pytest.param("xla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow),
     pytest.param("openxla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow)])
 def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mesh):
