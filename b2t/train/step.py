@@ -207,7 +207,7 @@ class Stepper:
         return values
 
     def _zero_totals(self) -> dict[str, Tensor]:
-        return {name: _device_zero(self.backend) for name in (TOTAL, *self.model.heads)}
+        return self._uploaded(dict.fromkeys((TOTAL, *self.model.heads), 0.0))
 
     def eval_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         return self._evaluate(self._eval_fn, batch)
@@ -301,6 +301,3 @@ def _shape_of(batch: Batch) -> str:
     B, T, _ = batch.tensors["features"].shape
     return f"bucket T={T} B={B}"
 
-
-def _device_zero(backend: Backend) -> Tensor:
-    return backend.replicated(torch.zeros((1,), dtype=LOSS_DTYPE, device="cpu"))
