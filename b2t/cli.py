@@ -27,7 +27,7 @@ def fail(message: str) -> None:
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path), required=False)
 @config_option
 @set_option
@@ -50,17 +50,21 @@ def fail(message: str) -> None:
               help="Data-parallel over all (or N) devices of this host with XLA SPMD (openxla or xla "
                    "backend); every bucket's B must divide by the device "
                    "count (data.row_multiple). On GPUs use torchrun --nproc-per-node N b2t-train ... instead.")
-@click.option("--mesh", default=None, metavar="data=N", help="The SPMD mesh, the same as --devices N.")
+@click.option("--mesh", default=None, metavar="data=N,fsdp=M",
+              help="The SPMD mesh: batches split over all N*M devices, weights, gradients and AdamW moments "
+                   "sharded over M of them (fsdp); --mesh data=N is --devices N, --mesh fsdp=8 shards over 8.")
 @click.option("--plan", is_flag=True,
-              help="Print the bucket table, device count and estimated per-device memory, then exit "
-                   "(nothing is compiled; RUN_DIR is not needed).")
+              help="Print the parameters per model part, the bucket table, device count and estimated "
+                   "per-device memory, then exit (nothing is compiled; RUN_DIR is not needed; without "
+                   "DATASET it plans for the Brain-to-Text '25 data: 45 sessions, trials up to 2,500 bins).")
 @click.option("--device-memory", default=None, metavar="SIZE",
               help="With --plan: memory per device, e.g. 16GiB; prints the largest micro-batch that fits.")
-def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
+def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, plan: bool,
                device_memory: str | None, init_from: Path | None, verify_data: bool) -> None:
-    """Train the GRU phoneme decoder on DATASET (a b2t-preprocess output) into RUN_DIR.
+    """Train a phoneme decoder (model.family: the reference GRU, or the noise-separating
+    three-GRU model) on DATASET (a b2t-preprocess output) into RUN_DIR.
 
     Every bucket shape is compiled before the first step ("compiling bucket T=..."), after
     which no step compiles again. It first prints the device it found. RUN_DIR receives
@@ -74,15 +78,17 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
     try:
-        n_devices = parse_devices(devices, mesh)
-        if n_devices is not None:
-            overrides = (*overrides, f"mesh.data={n_devices}")
+        mesh_cfg = parse_devices(devices, mesh)
+        if mesh_cfg is not None:
+            overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
         cfg = load_config(config_path, overrides)
         if plan:
             click.echo(_plan_text(dataset, cfg, device_memory))
             return
         if device_memory is not None:
             raise ValueError("--device-memory is a --plan option")
+        if dataset is None:
+            raise ValueError("DATASET is required (a b2t-preprocess output; only --plan runs without one)")
         if run_dir is None:
             raise ValueError("RUN_DIR is required (only --plan runs without one)")
         summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
@@ -98,18 +104,23 @@ def train_main(dataset: Path, run_dir: Path | None, config_path: Path | None, ov
                f"host fallbacks: {json.dumps(final['fallbacks']) if final['fallbacks'] else 'none'}")
 
 
-def _plan_text(dataset: Path, cfg: Config, device_memory: str | None) -> str:
-    """`--plan`: the memory plan for DATASET's buckets on the config's mesh (no XLA start-up
-    unless --devices all has to count the devices)."""
+def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> str:
+    """`--plan`: the memory plan for DATASET's buckets (else the competition data's) on the
+    config's mesh, and with --device-memory the mesh of as many devices it recommends (no XLA
+    start-up unless --devices all has to count the devices)."""
     from b2t.data.manifest import Manifest
     from b2t.train.devices import device_count
-    from b2t.train.plan import format_plan, parse_bytes, plan_memory
+    from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS, format_plan, parse_bytes, plan_memory
 
-    manifest = Manifest.load(dataset)
+    if dataset is None:
+        buckets, n_days, source = list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"
+    else:
+        manifest = Manifest.load(dataset)
+        buckets, n_days, source = manifest.buckets, len(manifest.sessions), str(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
-    count = device_count(xla) if cfg.mesh.data == -1 else cfg.mesh.data
+    mesh = cfg.mesh
+    count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
     memory = parse_bytes(device_memory) if device_memory is not None else None
-    plan = plan_memory(manifest.buckets, len(manifest.sessions), cfg, count,
-                       spmd=xla and cfg.mesh.data != 1, device_memory=memory)
-    return format_plan(plan, cfg)
+    plan = plan_memory(buckets, n_days, cfg, count, spmd=xla and mesh.spmd, fsdp=mesh.fsdp, device_memory=memory)
+    return f"planning for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + format_plan(plan, cfg)
 

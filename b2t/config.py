@@ -64,18 +64,44 @@ class DataConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class GRUConfig:
-    """`model.gru`: the reference GRU decoder (family `gru`)."""
+    """A GRU stack's sizes: `model.gru` (the reference decoder, family `gru`) and each part of
+    `model.noise_separating`."""
 
     n_units: int = 768  # GRU hidden size
     n_layers: int = 5  # GRU layers
     rnn_dropout: float = 0.4  # between GRU layers
 
     def __post_init__(self) -> None:
-        _require(self.n_units >= 1 and self.n_layers >= 1, "model.gru.n_units and model.gru.n_layers must be >= 1")
-        _require(0.0 <= self.rnn_dropout < 1.0, "model.gru.rnn_dropout must be in [0, 1)")
+        _require(self.n_units >= 1 and self.n_layers >= 1, "n_units and n_layers must be >= 1")
+        _require(0.0 <= self.rnn_dropout < 1.0, "rnn_dropout must be in [0, 1)")
 
 
-MODEL_FAMILIES = ("gru",)
+@dataclass(frozen=True, kw_only=True)
+class NoiseSeparatingConfig:
+    """`model.noise_separating`: three GRU stacks (family `noise_separating`, b2t.model.noise_separating).
+
+    The objective is CTC(clean) + w * CTC(noisy); w and the gradient-reversal scale r each
+    ramp linearly from 0 to their value over their warm-up steps (the noisy reader is
+    useless before the noise estimate means anything, and a full reversal from step 0
+    pushes the noise model around before the clean path has learned).
+    """
+
+    noise: GRUConfig = field(default_factory=GRUConfig)  # NoiseModel: estimates each patch's non-speech part
+    clean: GRUConfig = field(default_factory=GRUConfig)  # CleanSpeechModel: phonemes from patches - noise estimate
+    noisy: GRUConfig = field(default_factory=GRUConfig)  # NoisySpeechModel: phonemes from the noise estimate
+    noisy_loss_weight: float = 0.5  # w, after its warm-up
+    noisy_loss_warmup_steps: int = 1000  # steps for w to ramp from 0
+    reversal_scale: float = 1.0  # r: the noisy loss's gradient reaches the noise model times -r
+    reversal_warmup_steps: int = 1000  # steps for r to ramp from 0
+
+    def __post_init__(self) -> None:
+        _require(self.noisy_loss_weight >= 0 and self.reversal_scale >= 0,
+                 "noisy_loss_weight and reversal_scale must be >= 0")
+        _require(self.noisy_loss_warmup_steps >= 0 and self.reversal_warmup_steps >= 0,
+                 "noisy_loss_warmup_steps and reversal_warmup_steps must be >= 0")
+
+
+MODEL_FAMILIES = ("gru", "noise_separating")
 """Model families (`b2t.model.registry` builds each); `model.<family>` holds its sizes."""
 
 
@@ -86,6 +112,7 @@ class ModelConfig:
     patch_stride: int = 4  # bins between patch starts
     input_dropout: float = 0.2  # after the day layer
     gru: GRUConfig = field(default_factory=GRUConfig)
+    noise_separating: NoiseSeparatingConfig = field(default_factory=NoiseSeparatingConfig)
 
     def __post_init__(self) -> None:
         _require(self.family in MODEL_FAMILIES,
@@ -152,10 +179,17 @@ class TrainConfig:
 class MeshConfig:
     """How one process spreads a run over XLA devices (SPMD); recorded in checkpoints."""
 
-    data: int = 1  # devices each batch is split over along its rows; -1 = every device; 1 = one device
+    data: int = 1  # devices each batch is split over along its rows; -1 = every device (over fsdp); 1 = one
+    fsdp: int = 1  # devices weights, gradients and AdamW moments are sharded over (the batch is split over these too)
 
     def __post_init__(self) -> None:
         _require(self.data >= 1 or self.data == -1, f"mesh.data must be >= 1 or -1 (all devices), got {self.data}")
+        _require(self.fsdp >= 1, f"mesh.fsdp must be >= 1, got {self.fsdp}")
+
+    @property
+    def spmd(self) -> bool:
+        """Whether the run spans an SPMD mesh (anything but one device)."""
+        return (self.data, self.fsdp) != (1, 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +283,8 @@ def _build(cls: type, values: Mapping[str, Any] | None, where: str) -> Any:
         return cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"section {where!r}: {e}") from e
+    except ConfigError as e:  # a shared section type (GRUConfig) does not know where it sits
+        raise ConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
 
 
 def config_from_dict(raw: Mapping[str, Any]) -> Config:

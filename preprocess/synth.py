@@ -5,7 +5,9 @@ the tests need files in its exact layout (docs/data-format.md) holding structure
 decoder can learn: sentences come from a seeded word bigram model over a built-in vocabulary
 (so an n-gram LM has something to learn too), each phoneme has its own 512-channel pattern
 held for a few bins plus noise, and each session mixes and shifts the channels its own way
-(a near-identity matrix and an offset), so the per-day input layers matter.
+(a near-identity matrix and an offset), so the per-day input layers matter. Optionally
+(`--structured-noise-rank`) each trial also carries a slowly drifting low-rank non-speech
+component, something for a model that separates noise from speech to separate.
 
 Everything is derived from `--seed` through independent random streams (one per purpose,
 session and split), so the same seed gives byte-identical files, and changing the number of
@@ -56,6 +58,9 @@ class SynthSpec:
     offset_std: float = 0.5  # per-session channel offset
     trials_per_block: int = 20
     corpus_sentences: int = 3000  # written to corpus.txt for an n-gram LM
+    structured_noise_rank: int = 0  # K drifting latents per trial; 0 = off (the files as before)
+    structured_noise_std: float = 1.0  # of the added component, relative to the patterns' std 1
+    structured_noise_timescale: float = 50.0  # bins; the latents' lag-1 autocorrelation is exp(-1/this)
 
     def __post_init__(self) -> None:
         for name in ("words", "bins_per_phoneme", "rest_bins"):
@@ -70,6 +75,13 @@ class SynthSpec:
             raise ValueError("trials_per_block must be at least 1 and corpus_sentences at least 0")
         if min(self.noise_std, self.drift_std, self.offset_std) < 0:
             raise ValueError("noise_std, drift_std and offset_std must be >= 0")
+        if not 0 <= self.structured_noise_rank <= FEATURE_DIM:
+            raise ValueError(f"structured_noise_rank must be 0 (off) to {FEATURE_DIM}, got {self.structured_noise_rank}")
+        if not (self.structured_noise_std >= 0 and self.structured_noise_timescale > 0):
+            raise ValueError(
+                "structured_noise_std must be >= 0 and structured_noise_timescale > 0 (bins), "
+                f"got {self.structured_noise_std} and {self.structured_noise_timescale}"
+            )
 
     def trials(self) -> dict[str, int]:
         return {"train": self.train_trials, "val": self.val_trials, "test": self.test_trials}
@@ -174,6 +186,45 @@ def trial_features(
     return patterns[ids].astype(np.float32) + np.float32(spec.noise_std) * noise
 
 
+def noise_subspace(rng: np.random.Generator, spec: SynthSpec) -> np.ndarray:
+    """(K, F) orthonormal rows: the channel directions one session's non-speech drift lives in.
+
+    Per session, like a recording day's own sources of drift, so a model can learn it from
+    that day's data; `structured_noise` varies the loadings within it per trial.
+    """
+    q, _ = np.linalg.qr(rng.standard_normal((FEATURE_DIM, spec.structured_noise_rank)))
+    return q.T
+
+
+def drifting_latents(n_bins: int, k: int, timescale: float, rng: np.random.Generator) -> np.ndarray:
+    """(n_bins, k): independent stationary unit-variance AR(1) (sampled Ornstein-Uhlenbeck)
+    time courses, lag-1 autocorrelation exp(-1/timescale), so they drift over ~timescale bins."""
+    phi = np.exp(-1.0 / timescale)
+    z = rng.standard_normal((n_bins, k))
+    z[1:] *= np.sqrt(1.0 - phi**2)  # z[0] is already a draw from the stationary N(0, 1)
+    for t in range(1, n_bins):
+        z[t] += phi * z[t - 1]
+    return z
+
+
+def structured_noise(n_bins: int, subspace: np.ndarray, rng: np.random.Generator, spec: SynthSpec) -> np.ndarray:
+    """(T, F) float32 of rank K: drifting latents times this trial's loadings, K orthonormal
+    directions at a random rotation within the session's subspace, each with its own strength.
+
+    Which directions move, and how strongly, changes from trial to trial, so no fixed per-day
+    correction subtracts it (short of projecting the subspace away, and the speech in it). Its
+    std per bin and channel is `structured_noise_std` in expectation; a trial's own varies with
+    its latents' finite-sample power.
+    """
+    k = spec.structured_noise_rank
+    q, r = np.linalg.qr(rng.standard_normal((k, k)))
+    rotation = q * np.sign(np.diag(r))  # uniform over rotations
+    strength = rng.uniform(0.5, 1.5, k)
+    strength *= spec.structured_noise_std * np.sqrt(FEATURE_DIM / (strength**2).sum())
+    loadings = strength[:, None] * rotation @ subspace  # (K, F); sum of squares = std^2 * F
+    return (drifting_latents(n_bins, k, spec.structured_noise_timescale, rng) @ loadings).astype(np.float32)
+
+
 def write_trial(
     f: h5py.File,
     index: int,
@@ -221,17 +272,25 @@ def session_names(spec: SynthSpec) -> list[str]:
 def generate_trials(
     spec: SynthSpec, day: int, split: str, model: WordModel, lexicon: dict[str, tuple[int, ...]], patterns: np.ndarray
 ) -> Iterator[SynthTrial]:
-    """One split of one session, a trial at a time (so memory stays one trial)."""
+    """One split of one session, a trial at a time (so memory stays one trial).
+
+    The structured noise has streams of its own, so switching it on leaves every other draw as it was.
+    """
     recorded = session_patterns(patterns, _rng(spec.seed, 2, day), spec)
     splits = list(SPLIT_FILES)
     rng = _rng(spec.seed, 3, day, splits.index(split))
+    subspace = noise_subspace(_rng(spec.seed, 6, day), spec)
+    noise_rng = _rng(spec.seed, 7, day, splits.index(split))
     counts = spec.trials()
     first = sum(counts[s] for s in splits[: splits.index(split)])  # (block, trial) unique per session
     for i in range(counts[split]):
         words = sample_sentence(model, rng, spec.words)
         labels = sentence_phonemes(words, lexicon)
         block, trial = divmod(first + i, spec.trials_per_block)
-        yield SynthTrial(trial_features(labels, recorded, rng, spec), words, labels, block + 1, trial)
+        features = trial_features(labels, recorded, rng, spec)
+        if spec.structured_noise_rank:
+            features += structured_noise(len(features), subspace, noise_rng, spec)
+        yield SynthTrial(features, words, labels, block + 1, trial)
 
 
 def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
@@ -321,6 +380,30 @@ def read_spec(out: Path) -> SynthSpec | None:
 @click.option("--drift-std", default=SynthSpec.drift_std, show_default=True, help="Per-session channel mixing.")
 @click.option("--offset-std", default=SynthSpec.offset_std, show_default=True, help="Per-session channel offset.")
 @click.option("--corpus-sentences", default=SynthSpec.corpus_sentences, show_default=True)
+@click.option(
+    "--structured-noise-rank",
+    default=SynthSpec.structured_noise_rank,
+    metavar="K",
+    show_default=True,
+    help="Add a slowly drifting rank-K non-speech component to every trial (0: off), in a "
+    "per-session channel subspace with per-trial loadings: something for a noise-separating "
+    "model to estimate and subtract.",
+)
+@click.option(
+    "--structured-noise-std",
+    default=SynthSpec.structured_noise_std,
+    metavar="S",
+    show_default=True,
+    help="Its std per bin and channel (the phoneme patterns have std 1, the white noise --noise-std).",
+)
+@click.option(
+    "--structured-noise-timescale",
+    default=SynthSpec.structured_noise_timescale,
+    metavar="N",
+    show_default=True,
+    help="Its correlation time in bins (lag-1 autocorrelation exp(-1/N)): longer than a "
+    "phoneme, so it is told apart by being slow.",
+)
 @click.option(
     "--overwrite", is_flag=True, help="Replace an earlier b2t-synth dataset in OUT written with other options."
 )

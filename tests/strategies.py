@@ -6,7 +6,7 @@ import torch
 from hypothesis import strategies as st
 
 from b2t.buckets import align_length
-from b2t.config import DataConfig, GRUConfig, ModelConfig
+from b2t.config import DataConfig, GRUConfig, ModelConfig, NoiseSeparatingConfig
 from b2t.data.manifest import SPLITS
 from preprocess.trials import TrialRef
 
@@ -128,3 +128,23 @@ def model_configs(draw, max_units: int = 96, max_layers: int = 4) -> ModelConfig
     patching = draw(patchings())
     gru = GRUConfig(n_units=draw(st.integers(1, max_units)), n_layers=draw(st.integers(1, max_layers)))
     return ModelConfig(patch_size=patching.patch_size, patch_stride=patching.patch_stride, gru=gru)
+
+
+@st.composite
+def gru_configs(draw, max_units: int = 24, max_layers: int = 2) -> GRUConfig:
+    return GRUConfig(n_units=draw(st.integers(1, max_units)), n_layers=draw(st.integers(1, max_layers)),
+                     rnn_dropout=draw(st.sampled_from([0.0, 0.3])))
+
+
+@st.composite
+def family_configs(draw, max_size: int = 6) -> ModelConfig:
+    """Small models of every family (small sizes and patches, so many examples run in seconds)."""
+    patching = draw(patchings(max_size=max_size))
+    sizes = {"patch_size": patching.patch_size, "patch_stride": patching.patch_stride,
+             "input_dropout": draw(st.sampled_from([0.0, 0.2]))}
+    if draw(st.sampled_from(["gru", "noise_separating"])) == "gru":
+        return ModelConfig(family="gru", gru=draw(gru_configs()), **sizes)
+    parts = NoiseSeparatingConfig(noise=draw(gru_configs()), clean=draw(gru_configs()), noisy=draw(gru_configs()),
+                                  noisy_loss_warmup_steps=draw(st.integers(0, 5)),
+                                  reversal_warmup_steps=draw(st.integers(0, 5)))
+    return ModelConfig(family="noise_separating", noise_separating=parts, **sizes)

@@ -95,3 +95,25 @@ def test_refusals_are_clean_and_say_why(trained_run: TrainedRun, tmp_path):
     manifest.save(other)
     code, output = run_eval(ckpt, other, "--split", "val", "--backend", "eager", "--no-progress")
     assert code == 2 and "trained on 2 sessions" in output and "t15.2099.01.01" in output
+
+
+def test_a_noise_separating_checkpoint_evaluates_with_no_flag_on_its_clean_head(trained_run: TrainedRun, tmp_path):
+    """The family and sizes come from the checkpoint: b2t-eval decodes the clean head and
+    writes the CSV, with the PER the trainer measured."""
+    from b2t.config import CONFIG_DIR, load_config
+    from b2t.train.loop import RunOptions, train
+    from tests.fixtures import DATA_OVERRIDES, TRAIN_OVERRIDES
+
+    cfg = load_config(CONFIG_DIR / "noise_tiny.yaml", DATA_OVERRIDES + TRAIN_OVERRIDES)
+    summary = train(trained_run.shards, tmp_path / "run", cfg, RunOptions(progress=False))
+    ckpt = tmp_path / "run" / "best.safetensors"
+    code, output = run_eval(ckpt, trained_run.shards, "--split", "val", "--backend", "eager", "--out", tmp_path / "val",
+                            "--no-progress")
+    assert code == 0, output
+    per = json.loads((tmp_path / "val" / "summary.json").read_text())["per"]
+    assert per == summary["best_per"] and per < 0.9  # chance is 1.0
+    code, output = run_eval(ckpt, trained_run.shards, "--split", "test", "--backend", "eager", "--lexicon",
+                            trained_run.lexicon, "--lm", trained_run.lm, "--csv", tmp_path / "submission.csv",
+                            "--out", tmp_path / "test", "--no-progress")
+    assert code == 0, output
+    assert len((tmp_path / "submission.csv").read_text().splitlines()) == 1 + len(hdf5_order(trained_run.hdf5, "test"))

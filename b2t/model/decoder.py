@@ -28,13 +28,12 @@ C = 41 classes.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from b2t.buckets import patch_count
 from b2t.config import ModelConfig
 from b2t.contract import FEATURE_DIM, PARAM_DTYPE
-from b2t.model.layers import CPU, DayLayer, GRUStack, patch_counts, patches
+from b2t.model.layers import CPU, DayLayer, GRUStack, check_features, dropped, patch_counts, patches
 from b2t.model.masks import DropoutMask
 from b2t.phonemes import N_CLASSES
 
@@ -72,39 +71,40 @@ class GRUDecoder(nn.Module):
         return self.day.n_days
 
     def dropout_masks(self, n_rows: int, n_time: int) -> dict[str, DropoutMask]:
-        """Input dropout after the day layer, as a mask drawn outside the compiled region:
-        under torch.compile(openxla) a dropout inside the graph drew the same mask every
-        step (measured: val PER stuck near 1 while the lazy backend learned)."""
-        masks = {"input_keep": DropoutMask((n_rows, n_time, FEATURE_DIM), self.cfg.input_dropout)}
-        shape = self.gru.keep_shape(n_rows, patch_count(n_time, self.cfg.patch_size, self.cfg.patch_stride))
-        if shape is not None:  # between GRU layers
-            masks["rnn_keep"] = DropoutMask(shape, self.gru.dropout)
-        return masks
+        """Input dropout after the day layer and dropout between GRU layers, as masks the
+        step draws (`b2t.model.masks`): under torch.compile(openxla) a dropout inside the
+        graph drew the same mask every step (measured: val PER stuck near 1 while the lazy
+        backend learned)."""
+        n_patches = patch_count(n_time, self.cfg.patch_size, self.cfg.patch_stride)
+        return {"input_keep": DropoutMask((n_rows, n_time, FEATURE_DIM), self.cfg.input_dropout),
+                **self.gru.dropout_masks("rnn_keep", n_rows, n_patches)}
+
+    def schedule(self, step: int) -> dict[str, float]:
+        """Per-step values the forward reads: none in this family."""
+        return {}
+
+    def loss_weights(self, step: int) -> dict[str, float]:
+        """The objective is the one head's CTC loss."""
+        return {CTC_HEAD: 1.0}
 
     def forward(self, features: torch.Tensor, day_indices: torch.Tensor,
-                masks: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                masks: dict[str, torch.Tensor] | None = None, schedule: dict[str, torch.Tensor] | None = None,
+                heads: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
         """{"ctc": logits (B, P, C)} for features (B, T, F) of any float dtype and int32 day ids (B,).
 
         `masks`: ready-made masks for `dropout_masks` (0 or 1/(1-p)); without them (evaluation,
         or a caller that wants module dropout) `nn.functional.dropout` acts in training mode.
+        `schedule` and `heads`: this family reads no schedule and has one head (the
+        registry's interface passes both to every family).
 
         P = (T - patch_size) // patch_stride + 1: the output covers the whole padded T;
         `output_lengths` says how many patches of each row hold real data.
         """
-        if features.dim() != 3 or features.shape[2] != FEATURE_DIM:
-            raise ValueError(f"features must be (B, T, {FEATURE_DIM}), got {tuple(features.shape)}")
-        if (features.device.type == "xla") != self.xla:
-            raise ValueError(
-                f"this decoder was built with xla={self.xla} but got features on {features.device}; "
-                "build it with xla=True for XLA devices and xla=False otherwise"
-            )
+        check_features(features, self.xla)
         x = self.day(features, day_indices)  # (B, T, F)
-        if masks is not None:
-            x = x * masks["input_keep"]
-        else:
-            x = F.dropout(x, self.cfg.input_dropout, self.training)
+        x = dropped(x, (masks or {}).get("input_keep"), self.cfg.input_dropout, self.training)
         x = patches(x, self.cfg.patch_size, self.cfg.patch_stride)  # (B, P, size*F)
-        y = self.gru(x, None if masks is None else masks.get("rnn_keep"))  # (B, P, H)
+        y = self.gru(x, (masks or {}).get("rnn_keep"))  # (B, P, H)
         return {CTC_HEAD: self.out(y)}  # (B, P, C)
 
     def output_lengths(self, n_time_steps: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@
 - `GRUStack`: torch's own multi-layer GRU parameters plus a learnable initial state, run by
   torch's kernel on CPU/CUDA and as one XLA while-loop per layer on XLA
   (`b2t.model.recurrence`), one custom op under torch.compile (`b2t.model.gru_op`).
+- `dropped`: a drawn dropout mask applied (or module dropout where none was drawn), and
+  `reverse_gradient`: identity forward, gradient times -scale backward.
 
 Dtypes: parameters are f32 master weights made on the CPU (one seed, the same weights on
 every backend); the trainer's bf16 autocast decides what the matmuls compute in.
@@ -25,6 +27,7 @@ from torch.nn.modules.rnn import GRU as TorchGRU
 
 from b2t.contract import FEATURE_DIM, PARAM_DTYPE
 from b2t.model.gru_op import gru_stack
+from b2t.model.masks import DropoutMask
 
 CPU = torch.device("cpu")
 """Where parameters are made by default: one seed gives the same weights whatever device
@@ -56,6 +59,13 @@ class DayLayer(nn.Module):
         b = self.bias.index_select(0, day_indices)  # (B, 1, F)
         # baddbmm (unlike bmm + b) is on the autocast lists, so its output is the compute dtype
         return F.softsign(torch.baddbmm(b, x.to(self.weight.dtype), w))
+
+
+def day_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Every `DayLayer`'s parameters in `model`, by state-dict name, (n_days, ...) each: the one
+    rule for "per-day parameter" (the optimizer's day group, day mapping by session name)."""
+    return {f"{name}.{p}".lstrip("."): param for name, m in model.named_modules() if isinstance(m, DayLayer)
+            for p, param in m.named_parameters()}
 
 
 class GRUStack(nn.Module):
@@ -110,6 +120,51 @@ class GRUStack(nn.Module):
         if not self.training or self.dropout == 0:
             return None
         return (self.num_layers - 1, n_rows, n_patches, self.hidden_size)
+
+    def dropout_masks(self, name: str, n_rows: int, n_patches: int) -> dict[str, DropoutMask]:
+        """The between-layer mask as a model declares it (`b2t.model.masks`), under `name`;
+        none in eval mode or without dropout."""
+        shape = self.keep_shape(n_rows, n_patches)
+        return {} if shape is None else {name: DropoutMask(shape, self.dropout)}
+
+def check_features(features: torch.Tensor, xla: bool) -> None:
+    """Refuse features that are not (B, T, F), or on a device the model was not built for
+    (`xla` picks the recurrence kernels), with the reason."""
+    if features.dim() != 3 or features.shape[2] != FEATURE_DIM:
+        raise ValueError(f"features must be (B, T, {FEATURE_DIM}), got {tuple(features.shape)}")
+    if (features.device.type == "xla") != xla:
+        raise ValueError(
+            f"this decoder was built with xla={xla} but got features on {features.device}; "
+            "build it with xla=True for XLA devices and xla=False otherwise"
+        )
+
+
+def dropped(x: torch.Tensor, keep: torch.Tensor | None, p: float, training: bool) -> torch.Tensor:
+    """`x` times its drawn inverted-dropout mask `keep` (`b2t.model.masks`), or, where the
+    caller drew none (evaluation, module tests), `F.dropout` with probability `p`."""
+    return x * keep if keep is not None else F.dropout(x, p, training)
+
+
+class _ReverseGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (scale,) = ctx.saved_tensors
+        return -scale.to(grad.dtype) * grad, None
+
+
+def reverse_gradient(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Identity forward; backward multiplies the gradient by `-scale` (a gradient-reversal layer:
+    what comes before it learns to make the loss after it worse).
+
+    `scale` is a tensor (not a float): a per-step value uploaded as device data keeps one graph
+    while its schedule ramps (a float would be baked into the trace).
+    """
+    return _ReverseGradient.apply(x, scale)
 
 
 def patches(x: torch.Tensor, size: int, stride: int) -> torch.Tensor:

@@ -56,6 +56,12 @@ def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     return y.to(h0.dtype)
 
 
+def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:
+    """`t[i]` as a gather, not a view: inside a custom op's kernel (no functionalization) the
+    select view of an (n, n, n) input read the wrong elements (measured with L == B == H)."""
+    return t.index_select(0, torch.tensor([i], device=t.device)).squeeze(0)
+
+
 def scan_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
                keep: torch.Tensor | None) -> torch.Tensor:
     """What `native_stack` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
@@ -71,11 +77,11 @@ def scan_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     with torch.autocast(x.device.type, enabled=False):
         for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(_layers(weights)):
             if layer and keep is not None:
-                y = y * keep[layer - 1].transpose(0, 1).to(y.dtype)
+                y = y * _layer_of(keep, layer - 1).transpose(0, 1).to(y.dtype)
             gates_x = F.linear(y.to(compute), w_ih.to(compute))  # (P, B, 3H): all steps in one matmul
             # The carry holds the f32 parameters: the scan sums their gradients over all steps in
             # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
-            carry = {"h": h0[layer], "weight_hh": w_hh, "bias_ih": b_ih, "bias_hh": b_hh}
+            carry = {"h": _layer_of(h0, layer), "weight_hh": w_hh, "bias_ih": b_ih, "bias_hh": b_hh}
             _, y = scan(_gru_step, carry, gates_x, is_fn_pure=True)  # (P, B, H)
     return y.transpose(0, 1)  # (B, P, H)
 

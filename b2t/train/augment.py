@@ -3,8 +3,9 @@
 The reference recipe (white noise, a constant offset per trial and channel, a random cut
 of 0..max_start_cut bins from the start, Gaussian smoothing along time) changes T when it
 cuts. Here the cut is a shift left within the fixed T with each row's length reduced, so
-the graph sees one shape per bucket. All randomness comes from a `CounterRng` (hashes of a
-per-step seed tensor), so augmentation runs inside the compiled step on every backend,
+the graph sees one shape per bucket. All randomness comes from the step's draws
+(`b2t.train.rng`: a counter RNG of a per-step seed tensor under openxla, torch's RNG on
+the device elsewhere), so augmentation runs inside the compiled step on every backend,
 draws new numbers every step, and nothing is read back to the host.
 
 Padding stays padding: bins at and beyond each row's (new) length are zero on return,
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from b2t.config import AugmentConfig
-from b2t.train.counter_rng import CounterRng, Stream
+from b2t.train.rng import Rng, Stream
 
 _TRUNCATE_STDS = 4.0
 """Support of the kernel before thresholding, in stds (as scipy's gaussian_filter1d)."""
@@ -90,7 +91,7 @@ def shift_start(features: Tensor, n_time_steps: Tensor, cut: Tensor) -> tuple[Te
 
 
 def augment(features: Tensor, n_time_steps: Tensor, cfg: AugmentConfig, *, train: bool,
-            rng: CounterRng | None = None) -> tuple[Tensor, Tensor]:
+            rng: Rng | None = None) -> tuple[Tensor, Tensor]:
     """The reference augmentations on a fixed-shape batch: (B, T, F) features, (B,) lengths.
 
     Training: white noise per bin and channel, an offset per row and channel, a start cut
@@ -103,7 +104,7 @@ def augment(features: Tensor, n_time_steps: Tensor, cfg: AugmentConfig, *, train
         raise ValueError(f"n_time_steps has shape {tuple(n_time_steps.shape)}, "
                          f"expected ({B},) for features {tuple(features.shape)}")
     if train and rng is None:
-        raise ValueError("training augmentation needs an rng (a CounterRng of the step's seed)")
+        raise ValueError("training augmentation needs an rng (the step's draws, Backend.rng)")
     x = features.to(torch.float32)
     n = n_time_steps
     if train:

@@ -12,7 +12,7 @@
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how batches get onto it (sharded over
 an SPMD mesh when there is one, see `mesh`), how to compile, how to wait for the
-device, and (on XLA) how many compilations and host fallbacks the
+device, where a step's random draws come from, and (on XLA) how many compilations and host fallbacks the
 run has caused so far, read from `torch_xla.debug.metrics`.
 """
 
@@ -24,12 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE
 from b2t.private_api import scalars_as_device_data
 from b2t.train.devices import select_pjrt_device
 from b2t.train.mesh import SpmdMesh
+from b2t.train.rng import CounterRng, Rng, TorchRng
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class CompileStats:
 class Backend:
     name: str
     device: torch.device
-    mesh: SpmdMesh | None = None  # XLA SPMD: batches are split along their batch dim over it
+    mesh: SpmdMesh | None = None  # XLA SPMD: batches split along their batch dim, weights maybe sharded
     baseline: CompileStats = field(default_factory=lambda: CompileStats(0, {}))
     """The process's XLA counters when this backend was made: `stats` counts from there, so a
     run in a process that compiled before (a notebook, a test session) reports its own."""
@@ -83,6 +85,12 @@ class Backend:
         """
         t = t.to(self.device)
         return t if self.mesh is None else self.mesh.replicate(t)
+
+    def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """On a mesh with fsdp > 1, split weights, gradients and AdamW moments over it (once,
+        before the first step; `SpmdMesh.shard_training_state`); otherwise nothing."""
+        if self.mesh is not None:
+            self.mesh.shard_training_state(model, optimizer)
 
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
@@ -123,6 +131,25 @@ class Backend:
             xm.wait_device_ops()
         elif self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def seed(self, seed: int) -> None:
+        """Seed torch's RNG on the device (`TorchRng` draws from it): reseeding per step makes
+        resumes exact. The counter RNG of openxla takes its seed as a tensor instead."""
+        if self.xla:
+            import torch_xla.core.xla_model as xm
+
+            xm.set_rng_state(seed, device=str(self.device))
+        else:
+            torch.manual_seed(seed)
+
+    def rng(self, seed: torch.Tensor) -> Rng:
+        """The random draws of one compiled step whose seed is `seed` ((1,) int32 on the device).
+
+        openxla: a `CounterRng` of `seed` (torch's RNG inside its graphs replays one draw,
+        `b2t.xla_workarounds`: openxla-rng-in-graph); every other backend: torch's RNG, as
+        seeded by `seed()` (faster; see `b2t.train.rng`).
+        """
+        return CounterRng(seed) if self.name == "openxla" else TorchRng(seed.device)
 
     def stats(self) -> CompileStats:
         """XLA compilations and host fallbacks since this backend was made."""
@@ -183,9 +210,12 @@ def describe(backend: Backend) -> str:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
 
-        what = (f"{backend.device} = {xm.xla_device_hw(backend.device)} ({xm.xla_device_kind(backend.device)}), "
-                f"{xr.addressable_runtime_device_count()} devices on this host, "
-                f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
+        if backend.mesh is None:
+            what = f"{backend.device} = {xr.device_type()} ({xm.xla_device_kind(backend.device)})"
+        else:  # the SPMD virtual device has no kind of its own
+            what = f"SPMD mesh {backend.mesh.axes()} of {xr.device_type()} devices"
+        what += (f", {xr.addressable_runtime_device_count()} devices on this host, "
+                 f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE')}")
     elif backend.device.type == "cuda":
         what = f"{backend.device} = {torch.cuda.get_device_name(backend.device)}"
     else:

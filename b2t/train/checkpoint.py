@@ -5,6 +5,10 @@ and, as JSON in the safetensors metadata, everything needed to continue exactly:
 batches consumed, best validation PER, the config, the session list (day index order)
 and the optimizer's param-group settings.
 
+Tensors are saved whole even when a mesh shards them (`b2t.train.mesh.host_copy`), so a
+file loads on one device or any mesh; `load_checkpoint` copies into the model's tensors in
+place, and the stepper shards them afterwards.
+
 A checkpoint never holds NaN or Inf: `save_checkpoint` refuses to write one, so the file
 already at that path is the last finite state, and the error says so.
 """
@@ -22,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from b2t.atomic import atomic_write_bytes
+from b2t.train.mesh import host_copy
 
 FORMAT = "b2t-checkpoint-1"
 
@@ -58,13 +63,13 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
                     *, loss: float | None = None) -> Path:
     """Write weights (and optimizer state) atomically; NonFiniteCheckpoint, and nothing written, if
     any weight, optimizer value or the given `loss` is NaN/Inf."""
-    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors = {f"model.{k}": host_copy(v) for k, v in model.state_dict().items()}  # whole, whatever the mesh
     meta: dict[str, Any] = {"format": FORMAT, "state": state.__dict__}
     if optimizer is not None:
         sd = optimizer.state_dict()
         for i, s in sd["state"].items():
             for k, v in s.items():
-                tensors[f"optim.{i}.{k}"] = torch.as_tensor(v).detach().cpu().contiguous()
+                tensors[f"optim.{i}.{k}"] = host_copy(torch.as_tensor(v))
         # b2t's learning rates are device tensors (b2t.train.optim); JSON takes their value
         meta["param_groups"] = [{k: v.cpu().item() if isinstance(v, torch.Tensor) else v for k, v in g.items()}
                                 for g in sd["param_groups"]]

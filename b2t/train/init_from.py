@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from b2t.config import Config
-from b2t.model.layers import DayLayer
+from b2t.model.layers import day_parameters
 from b2t.train.checkpoint import read_checkpoint
 
 
@@ -38,12 +38,6 @@ class InitReport:
         new = f" ({', '.join(self.new[:5])}{', ...' if len(self.new) > 5 else ''})" if self.new else ""
         return (f"initialised from {self.source}: day layers of {len(self.kept)} known sessions kept, "
                 f"{len(self.new)} new sessions start from identity{new}; fresh optimizer and schedule")
-
-
-def day_keys(model: torch.nn.Module) -> list[str]:
-    """State-dict keys of the model's per-day parameters (every `DayLayer`'s, (D, ...) each)."""
-    return [f"{name}.{p}".lstrip(".") for name, m in model.named_modules() if isinstance(m, DayLayer)
-            for p, _ in m.named_parameters()]
 
 
 def _flat(d: dict, prefix: str) -> dict[str, object]:
@@ -70,7 +64,7 @@ def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Seq
         raise InitError(f"{path} stores no session list: its day layers cannot be matched to this dataset's sessions")
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     own = model.state_dict()
-    days = day_keys(model)
+    days = list(day_parameters(model))
     problems = [f"{k} is missing" for k in own if k not in weights]
     problems += [f"{k} is not in this model" for k in weights if k not in own]
     for k, v in own.items():

@@ -38,7 +38,7 @@ from b2t.model.registry import build_model
 from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
-from b2t.train.mesh import check_divisible
+from b2t.train.mesh import check_divisible, host_copy
 from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
@@ -86,7 +86,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in model.state_dict().items():
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+        h.update(host_copy(v).numpy().tobytes())
     return h.hexdigest()
 
 

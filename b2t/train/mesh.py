@@ -1,9 +1,20 @@
-"""The XLA SPMD mesh: which devices a batch is split over, and how tensors are placed on it.
+"""The XLA SPMD mesh: which devices a batch is split over, how weights are sharded, and placement.
 
-GSPMD: the process sees every device as one. Each batch tensor is sharded along its batch
-dim over a 1-D mesh named `data`; weights and AdamW state stay replicated and XLA inserts
-the gradient all-reduce. Still one graph per bucket, so every bucket's B must divide evenly
-over the mesh (`data.row_multiple` in the preprocessor makes it so).
+GSPMD: the process sees every device as one. The mesh has two axes, `data` x `fsdp`
+(`--mesh data=N,fsdp=M`, N*M devices):
+
+- every batch tensor is split along its batch dim over both axes (N*M row shards), so
+  every bucket's B must divide by N*M (`data.row_multiple` in the preprocessor makes it so);
+- with fsdp > 1, every parameter, its gradient and its two AdamW moments are split along
+  their largest dim that divides by M over the `fsdp` axis (replicated over `data`; a
+  tensor with no such dim stays whole): ZeRO-3 as sharding annotations, XLA inserting the
+  all-gathers before the weights are used and the reduce-scatters of the gradients;
+- with fsdp = 1 (`--devices N`, `--mesh data=N`) weights and AdamW state stay replicated and
+  XLA inserts the gradient all-reduce.
+
+Still one graph per bucket. The annotations stay on the tensors through in-place updates
+(backward accumulation, AdamW, checkpoint loads), and a checkpoint reads every sharded
+tensor back whole (`.cpu()` assembles the shards), so files do not depend on the mesh.
 
 torch_xla 2.9 behaviours this module works around are listed in `b2t.xla_workarounds`
 (`spmd-*` entries): `enable_spmd` turns parameter aliasing off before the runtime starts,
@@ -14,35 +25,63 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Sequence
 
 import torch
+from torch import nn
 
+from b2t.config import MeshConfig
 from b2t.contract import BucketShape
 from b2t.train.devices import select_pjrt_device, xla_rank_world
 
-MESH_AXIS = "data"
+DATA_AXIS, FSDP_AXIS = "data", "fsdp"
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+"""A batch's rows are split over both axes: every device steps its own rows."""
 
 
 class ParallelError(ValueError):
     """A device or host layout that cannot run; the message says how to fix it."""
 
 
-def parse_devices(devices: str | None, mesh: str | None) -> int | None:
-    """`--devices all|N` / `--mesh data=N` -> N, -1 for all, None when neither was given."""
+def parse_devices(devices: str | None, mesh: str | None) -> MeshConfig | None:
+    """`--devices all|N` / `--mesh data=N,fsdp=M` -> the mesh (data -1 for all), None when neither
+    was given. An axis `--mesh` leaves out has size 1 (`--mesh fsdp=8`: data=1)."""
     if devices is not None and mesh is not None:
         raise ParallelError("give --devices or --mesh, not both")
     if mesh is not None:
-        m = re.fullmatch(rf"\s*{MESH_AXIS}\s*=\s*(\d+|all)\s*", mesh)
-        if m is None:
-            raise ParallelError(f"--mesh {mesh!r}: only a 1-D data mesh is supported, write --mesh {MESH_AXIS}=N")
-        devices = m.group(1)
+        return _parse_mesh(mesh)
     if devices is None:
         return None
     if devices == "all":
-        return -1
+        return MeshConfig(data=-1)
     if not devices.isdigit() or int(devices) < 1:
         raise ParallelError(f"--devices {devices!r}: write 'all' or a positive device count")
-    return int(devices)
+    return MeshConfig(data=int(devices))
+
+
+def _parse_mesh(text: str) -> MeshConfig:
+    sizes: dict[str, int] = {}
+    for item in text.split(","):
+        m = re.fullmatch(rf"\s*({DATA_AXIS}|{FSDP_AXIS})\s*=\s*(\d+|all)\s*", item)
+        if m is None or m.group(1) in sizes or (m.group(2) == "all" and m.group(1) == FSDP_AXIS):
+            raise ParallelError(f"--mesh {text!r}: write --mesh {DATA_AXIS}=N,{FSDP_AXIS}=M (either may be left "
+                                f"out; {DATA_AXIS}=all for the devices fsdp leaves)")
+        sizes[m.group(1)] = -1 if m.group(2) == "all" else int(m.group(2))
+    if 0 in sizes.values():
+        raise ParallelError(f"--mesh {text!r}: axis sizes must be >= 1")
+    return MeshConfig(**sizes)
+
+
+def mesh_axes(data: int, fsdp: int) -> dict[str, int]:
+    """Axis name -> size, as recorded in checkpoints and metrics (fsdp only when it shards)."""
+    return {DATA_AXIS: data, **({FSDP_AXIS: fsdp} if fsdp > 1 else {})}
+
+
+def shard_dim(shape: Sequence[int], fsdp: int) -> int | None:
+    """The dim a weight of `shape` is split along over `fsdp` devices: its largest that divides
+    evenly (the first of equals), so no shard is padded; None: it stays whole."""
+    dims = [d for d, n in enumerate(shape) if n % fsdp == 0 and n >= fsdp]
+    return max(dims, key=lambda d: shape[d]) if fsdp > 1 and dims else None
 
 
 def check_divisible(buckets: list[BucketShape], n_devices: int) -> None:
@@ -57,21 +96,50 @@ def check_divisible(buckets: list[BucketShape], n_devices: int) -> None:
 
 
 class SpmdMesh:
-    """A 1-D `data` mesh over every device; places batches sharded along their batch dim."""
+    """A `data` x `fsdp` mesh over every device: places batches split along their batch dim over
+    both axes, and shards weights and their training state over `fsdp`."""
 
-    def __init__(self, n_devices: int):
+    def __init__(self, data: int, fsdp: int = 1):
         import numpy as np
         import torch_xla.distributed.spmd as xs
 
-        self.n_devices = n_devices
-        self.mesh = xs.Mesh(np.arange(n_devices), (n_devices,), (MESH_AXIS,))
+        self.data, self.fsdp = data, fsdp
+        self.n_devices = data * fsdp
+        self.mesh = xs.Mesh(np.arange(self.n_devices), (data, fsdp), (DATA_AXIS, FSDP_AXIS))
 
     def axes(self) -> dict[str, int]:
         """Axis name -> size, as recorded in checkpoints and metrics."""
-        return {MESH_AXIS: self.n_devices}
+        return mesh_axes(self.data, self.fsdp)
 
-    def spec(self, t: torch.Tensor) -> tuple[str | None, ...]:
-        return (MESH_AXIS,) + (None,) * (t.dim() - 1)
+    def spec(self, t: torch.Tensor) -> tuple:
+        """A batch tensor's partition spec: rows over both axes, the other dims whole."""
+        return (BATCH_AXES,) + (None,) * (t.dim() - 1)
+
+    def weight_spec(self, t: torch.Tensor) -> tuple:
+        """A weight's (or its gradient's, or moment's) spec: `shard_dim` over fsdp, the rest whole."""
+        spec: list[str | None] = [None] * t.dim()
+        d = shard_dim(t.shape, self.fsdp)
+        if d is not None:
+            spec[d] = FSDP_AXIS
+        return tuple(spec)
+
+    def shard_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """Annotate every parameter, its `.grad` and its AdamW moments with `weight_spec` (fsdp > 1).
+
+        Done once, when the stepper is made (after any checkpoint load): a loaded or freshly
+        zeroed tensor is whole on every device until annotated; the annotation then stays
+        with the tensor through every in-place update.
+        """
+        if self.fsdp == 1:
+            return
+        import torch_xla.distributed.spmd as xs
+
+        for p in model.parameters():
+            state = optimizer.state.get(p, {}) if optimizer is not None else {}
+            same_shape = [v for v in state.values() if isinstance(v, torch.Tensor) and v.shape == p.shape]
+            for t in (p, p.grad, *same_shape):
+                if t is not None and not sharding_spec(t):
+                    xs.mark_sharding(t, self.mesh, self.weight_spec(p))
 
     def place(self, tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
         """Batch tensors on the mesh, each split along dim 0 (host tensors go straight to
@@ -99,6 +167,43 @@ class SpmdMesh:
         return xs.mark_sharding(t, self.mesh, whole).global_tensor
 
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole on the host; a weight sharded over the mesh is assembled from its device shards.
+
+    Why not `.cpu()`: on a sharded tensor it compiles (and runs) a gathering graph, every
+    call, so each checkpoint after the warm-up would compile one graph per tensor. Reading
+    the shards back is a plain transfer.
+    """
+    t = t.detach()
+    if t.device.type != "xla" or sharding_spec(t) in ("", "{replicated}"):
+        return t.cpu().contiguous()
+    import torch_xla
+
+    whole = torch.empty(t.shape, dtype=t.dtype)
+    shards = torch_xla._XLAC._get_local_shards([t])[0]
+    indices = torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]
+    for (data, _), (_, index) in zip(shards, indices):
+        region = whole[tuple(index)]
+        region.copy_(data[tuple(slice(0, n) for n in region.shape)])  # a padded shard's tail is dropped
+    return whole
+
+
+def device_bytes(tensors: Iterable[torch.Tensor]) -> list[int]:
+    """Bytes each device holds of `tensors` (device data on an SPMD mesh), from the shards
+    torch_xla reports per device (padding included); an unannotated tensor is whole on each."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    per_device = [0] * xr.global_runtime_device_count()
+    for t in tensors:
+        if not sharding_spec(t):
+            per_device = [n + t.numel() * t.element_size() for n in per_device]
+            continue
+        for data, device in torch_xla._XLAC._get_local_shards([t])[0]:
+            per_device[int(device.split(":")[-1])] += data.numel() * data.element_size()
+    return per_device
+
+
 def sharding_spec(t: torch.Tensor) -> str:
     """The XLA sharding of `t` as text, e.g. `{devices=[4,1,1]0,1,2,3}`; '' when unsharded."""
     import torch_xla
@@ -106,9 +211,9 @@ def sharding_spec(t: torch.Tensor) -> str:
     return torch_xla._XLAC._get_xla_sharding_spec(t)
 
 
-def enable_spmd(requested: int) -> SpmdMesh:
-    """Switch this process to SPMD over `requested` devices (-1: all). Call before any XLA work:
-    torch_xla's `use_spmd()` must run before the first XLA computation."""
+def enable_spmd(cfg: MeshConfig) -> SpmdMesh:
+    """Switch this process to SPMD over the mesh `cfg` (data -1: every device fsdp leaves). Call
+    before any XLA work: torch_xla's `use_spmd()` must run before the first XLA computation."""
     select_pjrt_device()
     os.environ.setdefault("XLA_ENABLE_PARAM_ALIASING", "0")  # b2t.xla_workarounds: spmd-param-aliasing
     import torch_xla.runtime as xr
@@ -122,12 +227,16 @@ def enable_spmd(requested: int) -> SpmdMesh:
         )
     xr.use_spmd()
     n = xr.global_runtime_device_count()
-    if requested not in (-1, n):
+    if n % cfg.fsdp:
+        raise ParallelError(f"fsdp={cfg.fsdp} does not divide the {n} devices: choose a divisor of {n}")
+    data = n // cfg.fsdp if cfg.data == -1 else cfg.data
+    if data * cfg.fsdp != n:
         raise ParallelError(
-            f"asked for {requested} devices but SPMD spans all {n}: use --devices all, or make fewer devices "
-            "visible (CPU_NUM_DEVICES on the CPU, TPU_VISIBLE_CHIPS on a TPU host)"
+            f"asked for data={data} x fsdp={cfg.fsdp} = {data * cfg.fsdp} devices but SPMD spans all {n}: "
+            f"use --devices all or --mesh data=all,fsdp={cfg.fsdp}, or make fewer devices visible "
+            "(CPU_NUM_DEVICES on the CPU, TPU_VISIBLE_CHIPS on a TPU host)"
         )
-    return SpmdMesh(n)
+    return SpmdMesh(data, cfg.fsdp)
 
 
 def _check_jax() -> None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from b2t.config import OptimConfig
-from b2t.model.layers import DayLayer
+from b2t.model.layers import day_parameters
 
 _CAPTURABLE_DEVICES = ("xla", "cuda")
 """Devices where torch's AdamW keeps its step count on the device (`capturable=True`)."""
@@ -42,7 +42,7 @@ def param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
     the day layers, with `cfg.weight_decay_day` (and `cfg.lr_day` via `set_lrs`).
     """
     members: dict[str, list[nn.Parameter]] = {"decay": [], "no_decay": [], "day": []}
-    day_params = {id(p) for m in model.modules() if isinstance(m, DayLayer) for p in m.parameters()}
+    day_params = {id(p) for p in day_parameters(model).values()}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

@@ -2,14 +2,15 @@
 
 Two engines, one trainer:
 
-- XLA (`--devices all` or `--mesh data=N`, openxla or xla backend): GSPMD over a mesh
-  (`b2t.train.mesh`); one process drives every device of the host.
+- XLA (`--devices all` or `--mesh data=N,fsdp=M`, openxla or xla backend): GSPMD over a
+  mesh (`b2t.train.mesh`), weights replicated or (fsdp > 1) sharded; one process drives
+  every device of the host.
 - torch.distributed (`torchrun`, with the inductor or eager backend): one process per
   device, DistributedDataParallel all-reduces gradients; NCCL on CUDA, gloo on the CPU.
 
 Either way the data reader splits shards by (rank, world) (`b2t.data.loader`), only rank
 0 writes checkpoints and the main metrics file, and checkpoints hold the plain model's
-state dict, so they load on one device and on any mesh alike.
+state dict as whole tensors, so they load on one device and on any mesh alike.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from b2t.config import XLA_BACKENDS, MeshConfig
-from b2t.train.mesh import ParallelError, SpmdMesh, enable_spmd
+from b2t.train.mesh import ParallelError, SpmdMesh, enable_spmd, mesh_axes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -32,7 +33,8 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 @dataclass(frozen=True)
 class Layout:
-    """Where this process sits: `rank` of `world` data readers, batches split over `devices`.
+    """Where this process sits: `rank` of `world` data readers, batches split over `devices`,
+    weights sharded over `fsdp` of them.
 
     kind: "single" (one device), "spmd" (one process drives `devices` XLA devices) or
     "ddp" (one of `world` torchrun processes, one device each).
@@ -42,6 +44,7 @@ class Layout:
     rank: int = 0
     world: int = 1
     devices: int = 1
+    fsdp: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -51,7 +54,7 @@ class Layout:
     @property
     def mesh(self) -> dict[str, int]:
         """Devices per mesh axis, as recorded in checkpoints and metrics."""
-        return {"data": self.devices}
+        return mesh_axes(self.devices // self.fsdp, self.fsdp)
 
 
 def torchrun_rank_world(env: dict[str, str] | None = None) -> tuple[int, int, int] | None:
@@ -98,7 +101,7 @@ def make_layout(backend: str, mesh_cfg: MeshConfig) -> tuple[Layout, SpmdMesh | 
     Returns the layout, the SPMD mesh (XLA data-parallel only) and the device DDP pinned
     (torchrun only). Refuses the combinations that cannot run, saying what to use instead.
     """
-    requested = None if mesh_cfg.data == 1 else mesh_cfg.data  # -1: every device
+    requested = mesh_cfg.data if mesh_cfg.spmd else None  # -1: every device
     xla = backend in XLA_BACKENDS
     run = torchrun_rank_world()
     if xla:
@@ -107,8 +110,10 @@ def make_layout(backend: str, mesh_cfg: MeshConfig) -> tuple[Layout, SpmdMesh | 
                                 "run b2t-train --devices all without torchrun")
         if requested is None:
             return Layout("single"), None, None
-        mesh = enable_spmd(requested)
-        return Layout("spmd", devices=mesh.n_devices), mesh, None
+        mesh = enable_spmd(mesh_cfg)
+        return Layout("spmd", devices=mesh.n_devices, fsdp=mesh.fsdp), mesh, None
+    if mesh_cfg.fsdp > 1:
+        raise ParallelError(f"--backend {backend} does not shard weights: mesh.fsdp needs --backend xla or openxla")
     if run is None or run[1] == 1:
         if requested not in (None, 1):
             raise ParallelError(f"--backend {backend} spreads over devices with one process each: "

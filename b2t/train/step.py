@@ -1,7 +1,7 @@
 """The one step function, compiled per backend: forward + CTC under one dtype policy.
 
 Layout of a step (B rows, T bins, P = patches, C = 41 classes):
-  compiled [augment + dropout masks (counter RNG of the step's seed) -> forward + loss]
+  compiled [augment + dropout masks (the step's draws) -> forward + loss + objective]
   -> compiled backward -> (every grad_accum micro-batches) clip, schedule, AdamW -> sync
 Under openxla that is one dynamo forward graph and one backward graph per bucket, with
 the GRU and CTC recurrences inside them as custom ops (b2t/model/gru_op.py, ctc_op.py),
@@ -10,9 +10,10 @@ back to the host: losses accumulate on the device and the loop reads them every
 `log_every` steps.
 
 The model is any family of `b2t.model.registry`: it returns named CTC heads, each gets its
-own CTC loss (the step's loss is their sum, per row, averaged over valid rows), and its
-`decode_head` is what evaluation decodes. The random masks it declares are drawn inside
-the compiled region from the step's counter RNG.
+own CTC loss (per row, averaged over valid rows; the objective is their sum weighted by
+the model's `loss_weights`), and its `decode_head` is what evaluation decodes. The random
+masks it declares are drawn inside the compiled region from the step's draws
+(`Backend.rng`), and its per-step `schedule` and loss weights are uploaded as (1,) tensors.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from b2t.config import Config
 from b2t.contract import LOSS_DTYPE, Batch, BucketShape, empty_batch
 from b2t.model.ctc import ctc_loss
 from b2t.train.augment import augment
-from b2t.train.counter_rng import CounterRng, Stream
 from b2t.train.backend import Backend
+from b2t.train.mesh import host_copy
 from b2t.train.optim import set_lrs
+from b2t.train.rng import Stream
 
 
 class Stepper:
@@ -49,15 +51,15 @@ class Stepper:
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(self._forward_log_probs)
         self._loss_totals = self._zero_totals()
-        if optimizer is None:
-            return
-        # Gradients exist from the start, so the first backward accumulates like every later
-        # one: a backward that creates .grad traces a different graph than one that adds to it.
-        for p in model.parameters():
-            p.grad = _uploaded_zeros(p)
-        self._init_optimizer_state()
-        # the loss's gradient seed as device data (a lazily computed one is one more graph)
-        self._grad_seed = backend.replicated(torch.full((), 1.0 / cfg.train.grad_accum, device="cpu"))
+        if optimizer is not None:
+            # Gradients exist from the start, so the first backward accumulates like every later
+            # one: a backward that creates .grad traces a different graph than one that adds to it.
+            for p in model.parameters():
+                p.grad = _uploaded_zeros(p)
+            self._init_optimizer_state()
+            # the objective's gradient seed as device data (a lazily computed one is one more graph)
+            self._grad_seed = backend.replicated(torch.full((), 1.0 / cfg.train.grad_accum, device="cpu"))
+        backend.shard(model, optimizer)
 
     def _init_optimizer_state(self) -> None:
         """Create AdamW's state up front (zero moments, step 0: what its first step would make).
@@ -77,15 +79,17 @@ class Stepper:
                     }
 
     def _heads_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
-                       phone_seq_lens: Tensor, day_indices: Tensor,
-                       seed: Tensor | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
-        """Logits of every head (B, P, C), each head's per-row CTC loss (B,) f32, output lengths (B,).
+                       phone_seq_lens: Tensor, day_indices: Tensor, seed: Tensor | None = None,
+                       schedule: dict[str, Tensor] | None = None, *,
+                       heads_wanted: tuple[str, ...] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+        """Logits of every head (B, P, C), the per-row CTC loss (B,) f32 of each head in
+        `heads_wanted` (default all), output lengths (B,).
 
-        With `seed` ((1,) int32) training augmentation and the model's dropout masks, all
-        drawn from `CounterRng(seed)` inside the compiled region; without it evaluation
-        augmentation (smoothing only) and no masks.
+        With `seed` ((1,) int32): training augmentation and the model's dropout masks, drawn
+        inside the compiled region (`Backend.rng`); without it evaluation augmentation
+        (smoothing only) and no masks.
         """
-        rng = None if seed is None else CounterRng(seed)
+        rng = None if seed is None else self.backend.rng(seed)
         features, n_time_steps = augment(features, n_time_steps, self.cfg.augment, train=rng is not None, rng=rng)
         masks = None
         if rng is not None:
@@ -94,58 +98,82 @@ class Stepper:
             masks = {name: declared[name].draw(rng.uniform(Stream.MASKS + i, declared[name].shape))
                      for i, name in enumerate(sorted(declared))}  # a stream per mask, by name
         with self.backend.autocast():
-            heads = self.forward(features, day_indices, masks)  # {head: (B, P, C)} bf16
+            heads = self.forward(features, day_indices, masks, schedule, heads_wanted)  # {head: (B, P, C)} bf16
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
-        nll = {name: ctc_loss(logits.to(LOSS_DTYPE).log_softmax(-1), seq_class_ids, out_lens, phone_seq_lens)
-               for name, logits in heads.items()}  # CTC in f32
-        return heads, nll, out_lens
+        names, k = tuple(heads), len(heads)
+        # One CTC over the heads stacked along the rows: one recurrence (one XLA while-loop)
+        # whatever the number of heads. CTC in f32.
+        log_probs = torch.cat([heads[n].to(LOSS_DTYPE).log_softmax(-1) for n in names])  # (k*B, P, C)
+        nll = ctc_loss(log_probs, seq_class_ids.repeat(k, 1), out_lens.repeat(k), phone_seq_lens.repeat(k))
+        return heads, dict(zip(names, nll.chunk(k))), out_lens
 
     def _forward_loss(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor, valid: Tensor,
-                      seed: Tensor | None = None) -> dict[str, Tensor]:
-        """Mean CTC loss of each head over the batch's valid rows (padding rows weigh nothing)."""
-        _, nll, _ = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices, seed)
+                      seed: Tensor | None = None, schedule: dict[str, Tensor] | None = None,
+                      weights: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Mean CTC loss of each head over the batch's valid rows (padding rows weigh nothing)
+        and, given loss `weights` ((1,) each), the objective under `TOTAL`, inside the graph."""
+        _, nll, _ = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                        seed, schedule)
         weight = valid.to(LOSS_DTYPE)
         rows = weight.sum().clamp(min=1.0)
-        return {name: (loss * weight).sum() / rows for name, loss in nll.items()}
+        losses = {name: (loss * weight).sum() / rows for name, loss in nll.items()}
+        if weights is None:
+            return losses
+        return {TOTAL: sum((weights[name] * loss).sum() for name, loss in losses.items()), **losses}
 
     def _forward_eval(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                       phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The decode head's per-row CTC loss, greedy frame ids (B, P) and output lengths."""
-        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
         head = self.model.decode_head
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                                   heads_wanted=(head,))
         return nll[head], heads[head].argmax(-1).to(torch.int32), out_lens
 
     def _forward_log_probs(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
                            phone_seq_lens: Tensor, day_indices: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """`_forward_eval` plus the decode head's (B, P, C) f32 log-probabilities a word beam search reads."""
-        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices)
-        logits = heads[self.model.decode_head]
+        head = self.model.decode_head
+        heads, nll, out_lens = self._heads_and_nll(features, n_time_steps, seq_class_ids, phone_seq_lens, day_indices,
+                                                   heads_wanted=(head,))
+        logits = heads[head]
         log_probs = logits.to(LOSS_DTYPE).log_softmax(-1)  # (B, P, C) f32
-        return nll[self.model.decode_head], logits.argmax(-1).to(torch.int32), out_lens, log_probs
+        return nll[head], logits.argmax(-1).to(torch.int32), out_lens, log_probs
 
     def _inputs(self, batch: Batch, step: int | None = None, micro: int = 0, *,
                 with_valid: bool = False) -> dict[str, Any]:
         """The compiled functions' inputs, placed by the backend (sharded over its mesh).
 
-        With `step` (training): also `valid` and the step's seed, a (1,) int32 tensor
-        uploaded from the host (device data whatever its value: no recompilation) from which
-        every random draw of the step is hashed; a resumed run draws what an unbroken one did.
+        With `step` (training): also `valid`, the model's `schedule` values and loss weights
+        at `step`, and the step's seed: a (1,) int32 tensor uploaded from the host (device
+        data whatever its value: no recompilation) that seeds every random draw of the step,
+        so a resumed run draws what an unbroken one did.
         """
         t = self.backend.place(batch.tensors)
         inputs = {k: t[k] for k in ("features", "n_time_steps", "seq_class_ids", "phone_seq_lens", "day_indices")}
         if step is None:
             return {**inputs, "valid": t["valid"]} if with_valid else inputs
         seed = (self.cfg.train.seed * 1_000_003 + step * 64 + micro) % 2**31
+        self.backend.seed(seed)  # torch's RNG, where the backend draws from it
         return {**inputs, "valid": t["valid"],
-                "seed": self.backend.replicated(torch.tensor([seed], dtype=torch.int32, device="cpu"))}
+                "seed": self.backend.replicated(torch.tensor([seed], dtype=torch.int32, device="cpu")),
+                "schedule": self._uploaded(self.model.schedule(step)),
+                "weights": self._uploaded(self.model.loss_weights(step))}
 
-    def forward_backward(self, batch: Batch, step: int, micro: int) -> dict[str, Tensor]:
-        """Each head's loss (device scalars) of one micro-batch; the gradient of their sum is added to `.grad`."""
+    def _uploaded(self, values: dict[str, float]) -> dict[str, Tensor]:
+        """Per-step values as (1,) f32 tensors copied from the host: device data whatever the
+        value, so a ramp through 0 or 1 keeps the graph (torch_xla bakes those in as constants)."""
+        return {name: self.backend.replicated(torch.tensor([v], dtype=LOSS_DTYPE, device="cpu"))
+                for name, v in values.items()}
+
+    def forward_backward(self, batch: Batch, step: int, micro: int) -> tuple[Tensor, dict[str, Tensor]]:
+        """The objective (the heads' losses weighted by `model.loss_weights(step)`) of one
+        micro-batch and each head's loss, device scalars; the objective's gradient is added to `.grad`."""
         self.model.train()
         losses = self._train_fn(**self._inputs(batch, step, micro))
-        sum(losses.values()).backward(self._grad_seed)  # d(sum / grad_accum)
-        return {name: loss.detach() for name, loss in losses.items()}
+        objective = losses.pop(TOTAL)
+        objective.backward(self._grad_seed)  # d(objective / grad_accum)
+        return objective.detach(), {name: loss.detach() for name, loss in losses.items()}
 
     @torch.no_grad()
     def losses(self, batch: Batch) -> dict[str, Tensor]:
@@ -171,13 +199,15 @@ class Stepper:
         (`no_sync` around the others): the sum is the same, the traffic 1/grad_accum.
         """
         no_sync = getattr(self.forward, "no_sync", contextlib.nullcontext)
-        micro = []
+        objectives, micro = [], []
         for i, batch in enumerate(batches):
             with no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
-                micro.append(self.forward_backward(batch, step, i))
+                objective, losses = self.forward_backward(batch, step, i)
+            objectives.append(objective)
+            micro.append(losses)
         norm = self.update(step)
         losses = {name: torch.stack([m[name] for m in micro]).mean() for name in micro[0]}
-        loss = sum(losses.values())
+        loss = torch.stack(objectives).mean()
         for name, value in {TOTAL: loss, **losses}.items():  # inside the step's graph: every step traces the same graph
             self._loss_totals[name] = self._loss_totals[name] + value
         self.backend.sync()
@@ -196,7 +226,7 @@ class Stepper:
         return values
 
     def _zero_totals(self) -> dict[str, Tensor]:
-        return {name: _device_zero(self.backend) for name in (TOTAL, *self.model.heads)}
+        return self._uploaded(dict.fromkeys((TOTAL, *self.model.heads), 0.0))
 
     def eval_step(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
         return self._evaluate(self._eval_fn, batch)
@@ -252,21 +282,24 @@ class Stepper:
         """Put weights, gradients and optimizer state back on exit; nothing to keep without
         an optimizer (evaluation changes no weight).
 
-        Kept as host copies and uploaded back: an upload is device data and compiles
-        nothing, where device-side clones and copies would each be one more graph.
+        Kept as host copies (`mesh.host_copy`: a sharded tensor is read shard by shard) and
+        uploaded back: an upload is device data and compiles nothing, where device-side
+        clones and copies would be two more graphs. The uploads are whole tensors, so an
+        fsdp mesh annotates them again (`Backend.shard`).
         """
         if self.optimizer is None:
             yield
             return
         live = list(self.model.state_dict().values()) + [p.grad for p in self.model.parameters()]
         live += [t for s in self.optimizer.state.values() for t in s.values()]
-        saved = [t.detach().cpu() for t in live]
+        saved = [host_copy(t) for t in live]
         try:
             yield
         finally:
             with torch.no_grad():
                 for t, s in zip(live, saved):
                     t.copy_(s)
+            self.backend.shard(self.model, self.optimizer)
             self.backend.sync()
 
 
@@ -295,8 +328,5 @@ def _shape_of(batch: Batch) -> str:
 
 
 def _uploaded_zeros(p: Tensor) -> Tensor:
+    """Zeros like `p` copied from the host: device data (a zeros op on XLA is a graph of its own)."""
     return torch.zeros(p.shape, dtype=p.dtype, device="cpu").to(p.device)
-
-
-def _device_zero(backend: Backend) -> Tensor:
-    return backend.replicated(torch.zeros((1,), dtype=LOSS_DTYPE, device="cpu"))

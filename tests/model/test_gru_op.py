@@ -10,9 +10,9 @@ import torch
 import torch_xla
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.nn.modules.rnn import GRU as TorchGRU
 
 from b2t.model.gru_op import gru_stack
-from torch.nn.modules.rnn import GRU as TorchGRU
 
 DEVICE = torch_xla.device()
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -19,12 +21,16 @@ from preprocess.synth import (
     LABEL_WIDTH,
     SPEC_NAME,
     SynthSpec,
+    SynthTrial,
     build_word_model,
     generate_trials,
     load_lexicon,
     main,
+    noise_subspace,
     phoneme_patterns,
+    read_spec,
     session_patterns,
+    structured_noise,
     trial_features,
     write_dataset,
 )
@@ -169,12 +175,15 @@ def test_trial_length_follows_the_spec(
     assert 2 * rest[0] + bins[0] * len(labels) <= len(x) <= 2 * rest[1] + bins[1] * len(labels)
 
 
-def test_default_lengths_are_in_the_documented_range_and_ctc_feasible() -> None:
-    spec = SynthSpec()
+def session_trials(spec: SynthSpec, day: int) -> list[SynthTrial]:
+    """One session's train trials, without writing them."""
     lexicon = load_lexicon()
     model = build_word_model(list(lexicon), np.random.default_rng(0))
-    patterns = phoneme_patterns(np.random.default_rng(1))
-    trials = [t for day in range(2) for t in generate_trials(spec, day, "train", model, lexicon, patterns)]
+    return list(generate_trials(spec, day, "train", model, lexicon, phoneme_patterns(np.random.default_rng(1))))
+
+
+def test_default_lengths_are_in_the_documented_range_and_ctc_feasible() -> None:
+    trials = [t for day in range(2) for t in session_trials(SynthSpec(), day)]
     lengths = np.array([len(t.features) for t in trials])
     assert 50 <= lengths.min() and lengths.max() <= 450 and 120 <= np.median(lengths) <= 260
     for t in trials:  # patch_size 14, stride 4: CTC needs a frame per label plus one per repeat
@@ -241,3 +250,117 @@ def test_cli_writes_once_and_guards_out(tmp_path: Path) -> None:
     assert (foreign / "keep.txt").read_text() == "mine"
     bad = runner.invoke(main, [*args, "--words", "5", "2"])
     assert bad.exit_code == 2 and "words must be a range" in bad.output
+
+
+# sha256 of every trial's input_features of SPEC's dataset, in path order, as written before
+# the structured noise existed: off (the default) it must not change a byte.
+SPEC_FEATURES_SHA256 = "e38c655236fee1b5b9a5b3dac864e7e0f663ca2330fd687572fd88635ed3e4e2"
+
+
+def features_sha256(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in hdf5_files(root):
+        with h5py.File(path, "r") as f:
+            for g in f.values():
+                h.update(g["input_features"][()].tobytes())
+    return h.hexdigest()
+
+
+def test_structured_noise_off_leaves_the_features_as_they_were(datasets: dict[str, Path], tmp_path: Path) -> None:
+    assert SPEC.structured_noise_rank == 0 and features_sha256(datasets["a"]) == SPEC_FEATURES_SHA256
+    off = replace(SPEC, sessions=1, structured_noise_std=3.0, structured_noise_timescale=7.0)
+    write_dataset(off, tmp_path / "off")  # its other settings mean nothing while it is off
+    first = sorted(p for p in datasets["a"].iterdir() if p.is_dir())[0]
+    assert [trial_content(p) for p in hdf5_files(tmp_path / "off")] == [trial_content(p) for p in hdf5_files(first)]
+
+
+def test_structured_noise_adds_a_rank_k_slow_component_in_a_session_subspace() -> None:
+    """On, the sentences and every other draw stay; the difference has rank K per trial and
+    per session (one subspace a day), the requested std and a slow drift."""
+    off = replace(SPEC, train_trials=12)
+    on = replace(off, structured_noise_rank=3, structured_noise_std=1.5, structured_noise_timescale=20.0)
+    diffs = {}
+    for day in (0, 1):
+        a, b = session_trials(off, day), session_trials(on, day)
+        assert [(t.words, t.labels, len(t.features)) for t in a] == [(t.words, t.labels, len(t.features)) for t in b]
+        diffs[day] = [tb.features - ta.features for ta, tb in zip(a, b)]
+    for d in diffs[0]:
+        s = np.linalg.svd(d, compute_uv=False)
+        assert np.all(s[:3] > 1e-3 * s[0]) and np.all(s[3:] < 1e-5 * s[0])
+    for day in (0, 1):
+        s = np.linalg.svd(np.concatenate(diffs[day][:4]), compute_uv=False)
+        assert s[3] < 1e-5 * s[0]  # the trials of a session share one subspace
+    s = np.linalg.svd(np.concatenate([diffs[0][0], diffs[1][0]]), compute_uv=False)
+    assert s[5] > 1e-3 * s[0]  # each session has its own
+    pooled = np.concatenate(diffs[0])
+    assert 0.8 < pooled.std() / 1.5 < 1.2
+    near = np.mean([np.sum(d[1:] * d[:-1]) / np.sum(d * d) for d in diffs[0]])
+    assert near > 0.9  # exp(-1/20) = 0.95, minus each short trial's bias
+
+
+@given(
+    rank=st.integers(1, 16),
+    std=st.floats(0.1, 4.0),
+    timescale=st.floats(2.0, 20.0),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_structured_noise_has_the_requested_rank_std_and_timescale(
+    rank: int, std: float, timescale: float, seed: int
+) -> None:
+    spec = SynthSpec(structured_noise_rank=rank, structured_noise_std=std, structured_noise_timescale=timescale)
+    subspace = noise_subspace(np.random.default_rng([seed, 0]), spec)
+    assert np.allclose(subspace @ subspace.T, np.eye(rank))
+    x = structured_noise(6000, subspace, np.random.default_rng([seed, 1]), spec)
+    assert x.dtype == np.float32 and x.shape == (6000, 512)
+    basis = subspace.astype(np.float32)
+    within = x @ basis.T  # (T, K): x lies in the subspace and fills all K of its directions
+    assert np.abs(x - within @ basis).max() < 1e-4 * np.abs(x).max()
+    w = within.astype(np.float64)  # x's singular values, std and autocorrelation, computed in K dimensions
+    power = np.linalg.eigvalsh(w.T @ w)  # ascending: the squared singular values
+    assert power[0] > 0.01 * power[-1]
+    assert 0.8 < np.sqrt(np.mean(w**2) * rank / 512) / std < 1.2  # ~5 sd of the estimate at timescale 20
+
+    def autocorrelation(lag: int) -> float:
+        return float(np.sum(w[lag:] * w[:-lag]) / np.sum(w * w))
+
+    phi = np.exp(-1 / timescale)
+    assert abs(autocorrelation(1) - phi) < 5 * np.sqrt((1 - phi**2) / len(w))  # 5 sd of the estimate
+    assert abs(autocorrelation(int(5 * timescale))) < 0.3  # e^-5: far bins are nearly independent
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--structured-noise-rank", "-1"], "structured_noise_rank must be 0 (off) to 512, got -1"),
+        (["--structured-noise-rank", "513"], "structured_noise_rank must be 0 (off) to 512, got 513"),
+        (["--structured-noise-std", "-0.5"], "structured_noise_std must be >= 0"),
+        (["--structured-noise-timescale", "0"], "structured_noise_timescale > 0 (bins)"),
+        (["--structured-noise-rank", "two"], "'two' is not a valid integer"),
+    ],
+)
+def test_cli_rejects_bad_structured_noise_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, [str(tmp_path / "synth"), *args])
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert result.exit_code == 2 and len(errors) == 1 and message in errors[0], result.output
+    assert not (tmp_path / "synth").exists()
+
+
+def test_cli_records_structured_noise_and_guards_a_change(tmp_path: Path) -> None:
+    out = tmp_path / "synth"
+    args = [str(out), "--sessions", "1", "--train-trials", "2", "--val-trials", "0", "--test-trials", "0"]
+    args += ["--corpus-sentences", "5", "--structured-noise-rank", "2", "--structured-noise-timescale", "30"]
+    runner = CliRunner()
+    assert runner.invoke(main, args).exit_code == 0
+    spec = read_spec(out)
+    assert spec is not None and (spec.structured_noise_rank, spec.structured_noise_timescale) == (2, 30.0)
+    assert "nothing to do" in runner.invoke(main, args).output
+    changed = runner.invoke(main, [*args, "--structured-noise-std", "2"])
+    assert changed.exit_code == 2 and "--overwrite" in changed.output
+    help_text = " ".join(runner.invoke(main, ["--help"]).output.split())
+    assert "--structured-noise-rank" in help_text and "noise-separating model" in help_text
+
+
+def test_a_spec_written_before_structured_noise_reads_as_off(tmp_path: Path) -> None:
+    old = {k: v for k, v in asdict(SPEC).items() if not k.startswith("structured_noise")}
+    (tmp_path / SPEC_NAME).write_text(json.dumps(old))
+    assert read_spec(tmp_path) == SPEC  # so rerunning b2t-synth over an old dataset does nothing

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from b2t.config import AugmentConfig
 from b2t.train.augment import augment, gaussian_kernel, shift_start, smooth
-from b2t.train.counter_rng import CounterRng, Stream
+from b2t.train.rng import CounterRng, Stream
 
 OFF = AugmentConfig(white_noise_std=0.0, constant_offset_std=0.0, max_start_cut=0, smooth_std=0.0)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from b2t.config import BACKENDS, XLA_BACKENDS
-from b2t.train.backend import CompileStats, make_backend
+from b2t.train.backend import CompileStats, describe, make_backend
 
 
 def test_stats_since_counts_only_what_grew():
@@ -42,3 +42,9 @@ def test_xla_backend_counts_its_own_compilations_from_creation():
     assert stats.compilations >= 1 and stats.fallbacks == {}
     assert make_backend("xla").stats() == CompileStats(0, {})
     assert make_backend("eager", "cpu").stats() == CompileStats(0, {})
+
+
+def test_describe_names_the_device_it_found():
+    assert describe(make_backend("eager", "cpu")) == "device: cpu (the host CPU, no XLA); backend eager"
+    line = describe(make_backend("xla"))
+    assert line.startswith("device: xla:0 = CPU (cpu), ") and "PJRT_DEVICE=CPU; backend xla" in line

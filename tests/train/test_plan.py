@@ -8,18 +8,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.cli import train_main
-from b2t.config import BASELINE_CONFIG, TINY_CONFIG, load_config
-from b2t.contract import BucketShape
+from b2t.config import BASELINE_CONFIG, CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters
-from b2t.train.plan import GiB, activation_bytes, format_plan, largest_rows, parse_bytes, plan_memory, step_bytes
+from b2t.train.plan import (
+    COMPETITION_BUCKETS,
+    GiB,
+    activation_bytes,
+    format_plan,
+    largest_rows,
+    parse_bytes,
+    plan_memory,
+    step_bytes,
+    weight_layout,
+)
 from tests.strategies import model_configs
 
 BASELINE = load_config(BASELINE_CONFIG)
 TINY = load_config(TINY_CONFIG)
-REAL_BUCKETS = [BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
-                BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88)]
-"""A bucket table like the real data's (trials of 100-2,500 bins, phoneme sequences up to 80)."""
+REAL_BUCKETS = list(COMPETITION_BUCKETS)
+
 
 @given(n_days=st.integers(1, 6), cfg=model_configs())
 def test_parameter_count_is_the_model_s(n_days, cfg):
@@ -62,19 +70,51 @@ def test_more_devices_need_less_memory_each_and_spmd_counts_the_update_copies():
 def test_largest_micro_batch_fits_and_one_more_row_does_not(budget_gib, devices):
     budget = int(budget_gib * GiB)
     shape = REAL_BUCKETS[-1]
-    n_params = count_parameters(BASELINE.model, 45)["total"]
-    rows = largest_rows(shape, budget, n_params, BASELINE.model, spmd=devices > 1)
+    weights = weight_layout(BASELINE.model, 45)
+    rows = largest_rows(shape, budget, weights, BASELINE.model, spmd=devices > 1)
     if rows:
-        assert step_bytes(rows, shape, n_params, BASELINE.model, devices > 1) <= budget
-    assert step_bytes(rows + 1, shape, n_params, BASELINE.model, devices > 1) > budget
+        assert step_bytes(rows, shape, weights, BASELINE.model, devices > 1) <= budget
+    assert step_bytes(rows + 1, shape, weights, BASELINE.model, devices > 1) > budget
 
 
 def test_plan_reports_the_fit_against_device_memory():
     plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, spmd=True, device_memory=16 * GiB)
-    assert plan.fit_rows == largest_rows(REAL_BUCKETS[-1], int(16 * GiB * 0.9), plan.n_params, BASELINE.model, True)
+    assert plan.fit_rows == largest_rows(REAL_BUCKETS[-1], int(16 * GiB * 0.9), weight_layout(BASELINE.model, 45),
+                                         BASELINE.model, True)
     text = format_plan(plan, BASELINE)
     assert f"largest micro-batch of the T=2498 bucket: {plan.fit_rows} rows/device" in text
     assert "T= 2498 B=  64 L= 88  rows/device    8" in text
+
+
+GRU_687M = load_config(BASELINE_CONFIG, ["model.gru.n_units=4608"])
+"""The reference recipe widened to 687M parameters (684.6M with 45 days): the size whose replicas
+did not fit 16 GiB devices at batch 64."""
+NOISE_687M = load_config(CONFIG_DIR / "noise687m.yaml")
+
+
+@pytest.mark.parametrize("cfg", [GRU_687M, NOISE_687M], ids=["gru", "noise_separating"])
+def test_fsdp_shards_the_training_state_so_batch_64_of_687m_fits_16_gib_devices(cfg):
+    replicated = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, device_memory=16 * GiB)
+    sharded = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, fsdp=8, device_memory=16 * GiB)
+    assert 680e6 < sharded.n_params < 700e6
+    for part in ("weights (f32)", "gradients (f32)", "AdamW moments (f32)"):
+        assert replicated.static[part] / 8 <= sharded.static[part] <= 1.3 * replicated.static[part] / 8, part
+    assert sharded.largest.activations == replicated.largest.activations, "the rows are split over all 8 either way"
+    assert not replicated.fits and sharded.fits
+    text = format_plan(replicated, cfg)
+    assert "the configured batches: DOES NOT FIT" in text and "not even one row per device fits" in text
+    assert "the configured batches: fits" in format_plan(sharded, cfg)
+
+
+def test_the_recommended_mesh_is_the_least_sharding_that_fits():
+    best = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=16 * GiB).recommended
+    assert best.fits and best.fsdp > 1
+    for fsdp in (f for f in (1, 2, 4) if f < best.fsdp):
+        assert not plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, fsdp=fsdp, device_memory=16 * GiB).fits
+    tight = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=4 * GiB).recommended
+    assert (tight.fsdp, tight.fits) == (8, False), "nothing fits: the most sharding, for the largest micro-batch"
+    assert "recommended on 8 devices: --mesh fsdp=8; no mesh fits" in format_plan(
+        plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=4 * GiB), GRU_687M)
 
 
 @pytest.mark.parametrize(("text", "n"), [("16GiB", 16 * GiB), ("512MiB", 512 * 1024**2), ("16GB", 16 * 10**9),
@@ -101,6 +141,10 @@ def test_cli_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
     for b in Manifest.load(tmp_path / "shards").buckets:
         assert f"T={b.T:5d} B={b.B:4d} L={b.L:3d}  rows/device {b.B // 4:4d}" in result.output
     assert "devices: 4" in result.output and "estimated peak" in result.output
-    assert "largest micro-batch" in result.output
+    assert "largest micro-batch" in result.output and "recommended on 4 devices: --mesh" in result.output
+    sharded = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
+                                              "--plan", "--mesh", "data=2,fsdp=2"])
+    assert sharded.exit_code == 0, sharded.output
+    assert "devices: 4, --mesh data=2,fsdp=2 (batch rows split over all 4; weights, gradients" in sharded.output
     assert not list(tmp_path.glob("*.safetensors"))
 
