@@ -1,11 +1,10 @@
-"""Random masks a model declares and the step draws from its counter RNG.
+"""Random masks a model declares and the compiled step draws (`Backend.rng`).
 
-Why not torch's RNG: under `torch.compile(backend="openxla")` (torch_xla 2.9) a dropout
-drawn inside the compiled graph used the same mask every step (`b2t.xla_workarounds`:
+Why declared: under `torch.compile(backend="openxla")` (torch_xla 2.9) a dropout drawn
+inside the compiled graph used the same mask every step (`b2t.xla_workarounds`:
 openxla-rng-in-graph), and drawing outside costs one more graph per bucket. So a model lists
-the masks it needs (`dropout_masks(n_rows, n_time)`), the compiled step draws each one from
-the step's seed tensor (`b2t.train.rng`), and the model multiplies by it.
-"""
+the masks it needs (`dropout_masks(n_rows, n_time)`), the step draws uniforms for each one
+(from the step's seed tensor under openxla, `b2t.train.rng`), and the model multiplies by it."""
 
 from __future__ import annotations
 

@@ -253,18 +253,22 @@ class Stepper:
 
         The batches are made on the host and placed by the step, as the loader's batches are
         (a batch made on the device is a different graph input, and under SPMD it takes
-        another placement path). With an optimizer, per bucket two optimizer steps (the
-        second sees the state the first leaves) and an eval, inside `_preserved_state()`,
-        which puts weights and optimizer state back afterwards; then one eval per bucket
-        again. Measured on XLA: the eval graph traced right after training steps and the one
-        traced after the restore differ (the order of the lazy graph's outputs), and
-        validation meets both; and under openxla a shape's second eval call still compiles
-        one more graph. `log_probs`: warm the word-decoding eval step instead of the greedy one.
+        another placement path). With an optimizer, per bucket two optimizer steps and an
+        eval inside `_preserved_state()`, which puts weights and optimizer state back
+        afterwards; then one eval per bucket again. Each bucket starts from the run's
+        initial state: its first step sees fresh state (torch_xla shares one device buffer
+        among equal uploaded 0-dim values such as AdamW's zero step counters: a graph with
+        fewer inputs) and its second the state a step leaves, and a run's first step may
+        fall in any bucket (the xla backend's step is one graph per bucket). Measured on
+        XLA: the eval graph traced right after training steps and the one traced after the
+        restore differ (the order of the lazy graph's outputs), and validation meets both;
+        and under openxla a shape's second eval call still compiles one more graph.
+        `log_probs`: warm the word-decoding eval step instead of the greedy one.
         """
         evaluate = self.log_probs_step if log_probs else self.eval_step
         batches = [Batch(i, empty_batch(shape), {}) for i, shape in enumerate(buckets)]
-        with self._preserved_state():
-            for batch in batches:
+        for batch in batches:
+            with self._preserved_state():
                 if self.optimizer is not None:
                     report(f"train step, {_shape_of(batch)}")
                     for step in (1, 2):  # seeds of later steps: a seed of 0 is traced as a constant
