@@ -8,7 +8,7 @@ drawing outside the graph costs one more XLA graph per bucket shape. Here each n
 a hash of (seed, stream, element index): the seed is a (1,) int32 device tensor, new every
 step (device data, so no recompilation), and the same seed gives the same numbers on every
 backend and device. The hash is `lowbias32` (xor-shift-multiply, 32-bit), computed in
-int32 with wrapping multiplies and logical shifts built from arithmetic ones; good enough
+int32 with wrapping multiplies and logical shifts of the non-negative bits; good enough
 for augmentation noise and dropout masks, not for cryptography.
 
 Why not everywhere: as eager tensor ops the hash costs dozens of passes over every drawn
@@ -47,8 +47,10 @@ def _i32(v: int) -> int:
 
 
 def _srl(x: Tensor, k: int) -> Tensor:
-    """Logical right shift of int32 bits (`>>` on int32 is arithmetic)."""
-    return (x >> k) & ((1 << (32 - k)) - 1)
+    """Logical right shift of int32 bits, 1 <= k <= 31. Only non-negative values are shifted:
+    `>>` of a negative int32 floors on the CPU but truncates on XLA (measured: -987654321 >> 16
+    gave -15071 and -15070), so the sign bit is moved on its own."""
+    return ((x & 0x7FFFFFFF) >> k) | ((x < 0).to(x.dtype) << (31 - k))
 
 
 def _mix(x: Tensor) -> Tensor:
