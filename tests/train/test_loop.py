@@ -21,7 +21,7 @@ from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
 
 NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
-OPENXLA_PER_150 = 0.395
+OPENXLA_PER_150 = 0.471
 """Val PER of the tiny config after 150 openxla steps, as measured on the XLA CPU device (chance is 1.0)."""
 COMPILES_PER_BUCKET = 4
 """The issue-10 bound: measured 11 for 3 buckets with openxla on the tiny config (per bucket
@@ -68,7 +68,7 @@ def test_openxla_learns_in_150_steps_with_no_new_graph(tiny_dataset, tmp_path):
     assert val[-1]["per"] == pytest.approx(OPENXLA_PER_150, abs=0.05), "not the measured learning curve"
 
 
-NOISE_RUNS = {"openxla": (150, 0.466), "xla": (150, 0.360), "eager": (300, 0.871)}
+NOISE_RUNS = {"openxla": (150, 0.505), "xla": (150, 0.360), "eager": (300, 0.871)}
 """(steps, val PER) of configs/noise_tiny.yaml on each backend, as measured on this data
 (chance is 1.0; the GRU family's openxla figure is OPENXLA_PER_150). The backends agree on
 the loss of a batch (test below); their curves differ as the GRU family's do (bf16
