@@ -58,9 +58,9 @@ class ReferenceDecoder(nn.Module):
         self.size, self.stride = m.patch_size, m.patch_stride
         self.day_weights = nn.ParameterList([nn.Parameter(torch.eye(512)) for _ in range(n_days)])
         self.day_biases = nn.ParameterList([nn.Parameter(torch.zeros(1, 512)) for _ in range(n_days)])
-        self.gru = nn.GRU(512 * m.patch_size, m.n_units, m.n_layers, batch_first=True)
-        self.h0 = nn.Parameter(torch.zeros(1, 1, m.n_units))
-        self.out = nn.Linear(m.n_units, 41)
+        self.gru = nn.GRU(512 * m.patch_size, m.gru.n_units, m.gru.n_layers, batch_first=True)
+        self.h0 = nn.Parameter(torch.zeros(1, 1, m.gru.n_units))
+        self.out = nn.Linear(m.gru.n_units, 41)
 
     def forward(self, x: torch.Tensor, days: torch.Tensor) -> torch.Tensor:
         w = torch.stack([self.day_weights[int(d)] for d in days])  # host read per row
