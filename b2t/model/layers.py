@@ -127,6 +127,7 @@ class GRUStack(nn.Module):
         shape = self.keep_shape(n_rows, n_patches)
         return {} if shape is None else {name: DropoutMask(shape, self.dropout)}
 
+
 def check_features(features: torch.Tensor, xla: bool) -> None:
     """Refuse features that are not (B, T, F), or on a device the model was not built for
     (`xla` picks the recurrence kernels), with the reason."""

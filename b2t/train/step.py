@@ -255,8 +255,8 @@ class Stepper:
         (a batch made on the device is a different graph input, and under SPMD it takes
         another placement path). With an optimizer, per bucket two optimizer steps and an
         eval inside `_preserved_state()`, which puts weights and optimizer state back
-        afterwards; then one eval per bucket again. Each bucket starts from the run's
-        initial state: its first step sees fresh state (measured: a graph with one input
+        before each later bucket and at the end; then one eval per bucket again. Each
+        bucket starts from the run's initial state: its first step sees fresh state (measured: a graph with one input
         fewer per parameter, as if AdamW's equal zero step counters shared one device
         buffer) and its second the state a step leaves, and a run's first step may fall in
         any bucket (the xla backend's step is one graph per bucket). Measured on
@@ -267,8 +267,10 @@ class Stepper:
         """
         evaluate = self.log_probs_step if log_probs else self.eval_step
         batches = [Batch(i, empty_batch(shape), {}) for i, shape in enumerate(buckets)]
-        for batch in batches:
-            with self._preserved_state():
+        with self._preserved_state() as restore:
+            for i, batch in enumerate(batches):
+                if i:
+                    restore()  # every bucket from the run's initial state
                 if self.optimizer is not None:
                     report(f"train step, {_shape_of(batch)}")
                     for step in (1, 2):  # seeds of later steps: a seed of 0 is traced as a constant
@@ -282,29 +284,34 @@ class Stepper:
             self.take_losses()  # warm-up losses are not the run's
 
     @contextlib.contextmanager
-    def _preserved_state(self) -> Iterator[None]:
-        """Put weights, gradients and optimizer state back on exit; nothing to keep without
-        an optimizer (evaluation changes no weight).
+    def _preserved_state(self) -> Iterator[Callable[[], None]]:
+        """Yield `restore`, which puts weights, gradients and optimizer state back as they were
+        on entry; it also runs on exit. Nothing to keep without an optimizer (evaluation
+        changes no weight).
 
-        Kept as host copies (`mesh.host_copy`: a sharded tensor is read shard by shard) and
-        uploaded back: an upload is device data and compiles nothing, where device-side
-        clones and copies would be two more graphs. The uploads are whole tensors, so an
-        fsdp mesh annotates them again (`Backend.shard`).
+        Kept as host copies, taken once (`mesh.host_copy`: a sharded tensor is read shard by
+        shard), and uploaded back: an upload is device data and compiles nothing, where
+        device-side clones and copies would be two more graphs. The uploads are whole
+        tensors, so an fsdp mesh annotates them again (`Backend.shard`).
         """
         if self.optimizer is None:
-            yield
+            yield lambda: None
             return
         live = list(self.model.state_dict().values()) + [p.grad for p in self.model.parameters()]
         live += [t for s in self.optimizer.state.values() for t in s.values()]
         saved = [host_copy(t) for t in live]
-        try:
-            yield
-        finally:
+
+        def restore() -> None:
             with torch.no_grad():
                 for t, s in zip(live, saved):
                     t.copy_(s)
             self.backend.shard(self.model, self.optimizer)
             self.backend.sync()
+
+        try:
+            yield restore
+        finally:
+            restore()
 
 
 class WarmUpReport:

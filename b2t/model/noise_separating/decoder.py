@@ -5,8 +5,9 @@
                                      noise estimate -> reversal -> [noisy GRU] -> noisy.out -> "noisy"
 
 Each bracketed GRU is one custom op under torch.compile (`b2t.model.gru_op`), so dynamo
-traces the whole model into one graph, as it does the GRU decoder. Objective: CTC(clean) + w * CTC(noisy), w and the reversal
-scale ramped by `schedule` / `loss_weights` (config `model.noise_separating`).
+traces the whole model into one graph, as it does the GRU decoder. Objective: CTC(clean)
++ w * CTC(noisy), w and the reversal scale ramped by `schedule` / `loss_weights` (config
+`model.noise_separating`).
 
 Dtypes as the GRU decoder: f32 master weights, bf16 compute under the trainer's autocast,
 f32 GRU state. Checkpoint keys: `noise.*`, `clean.*`, `noisy.*` (each part's day layer,
