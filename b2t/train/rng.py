@@ -61,6 +61,21 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ _srl(x, 16)
 
 
+def _flat_index(shape: tuple[int, ...], device: torch.device) -> Tensor:
+    """The row-major int32 index of every element of `shape`, as a broadcast sum of one small
+    arange per dimension. Not one `arange` of the whole size: torch_xla makes an arange a
+    host-built constant of its full size (measured: 0.67 s for 4M elements, each trace, and
+    the literal goes into the HLO), so the first step of a bucket grew with T."""
+    index = torch.zeros((1,) * len(shape), dtype=torch.int32, device=device)
+    stride = 1
+    for dim in reversed(range(len(shape))):
+        view = [1] * len(shape)
+        view[dim] = shape[dim]
+        index = index + torch.arange(shape[dim], dtype=torch.int32, device=device).view(view) * stride
+        stride *= shape[dim]
+    return index.expand(shape)
+
+
 class CounterRng:
     """Uniform and normal draws keyed by (seed, stream); `stream` names one use of randomness."""
 
@@ -75,7 +90,7 @@ class CounterRng:
         if n >= 2**31:
             raise ValueError(f"{n} draws exceed the 2^31 counter range")
         key = _mix(self.seed * _GOLDEN + _i32(stream * _M1))  # (1,)
-        index = torch.arange(n, dtype=torch.int32, device=self.seed.device)
+        index = _flat_index(shape, self.seed.device)
         return _mix(_mix(index * _GOLDEN ^ key) + key).reshape(shape)
 
     def uniform(self, stream: int, shape: tuple[int, ...]) -> Tensor:

@@ -4,6 +4,9 @@ the one its compiled graphs can use."""
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 import torch_xla
@@ -21,6 +24,24 @@ def test_counter_draws_depend_on_seed_and_stream_only_and_match_on_xla():
     torch.testing.assert_close(a.uniform(3, (4, 5)), b.uniform(3, (4, 5)).cpu(), rtol=0, atol=0)
     assert not torch.equal(a.uniform(3, (4, 5)), a.uniform(4, (4, 5)))
     assert not torch.equal(a.uniform(3, (4, 5)), CounterRng(_seed(8)).uniform(3, (4, 5)))
+
+
+def test_a_counter_draw_is_the_flat_draw_of_its_size_reshaped():
+    rng = CounterRng(_seed(11))
+    flat = rng.bits(2, (3 * 4 * 5,))
+    for shape in [(3, 4, 5), (12, 5), (60, 1), (1, 3, 20)]:
+        assert torch.equal(rng.bits(2, shape), flat.reshape(shape))
+    assert rng.bits(2, ()).shape == () and torch.equal(rng.bits(2, ()), rng.bits(2, (1,))[0])
+
+
+def test_a_counter_draw_on_xla_holds_no_constant_of_its_full_size():
+    """torch_xla builds an arange as a host constant of its whole size: one per draw of
+    (B, T, F) made the first step of a bucket grow with T. The index is a sum of small ones."""
+    shape = (4, 1022, 512)
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([CounterRng(_seed(3, torch_xla.device())).normal(0, shape)])
+    sizes = [math.prod(int(d) for d in dims.split(",") if d)
+             for dims in re.findall(r"= \w+\[([\d,]*)\]\S* constant\(", hlo)]
+    assert sizes and max(sizes) <= max(shape)
 
 
 def test_counter_uniforms_cover_the_unit_interval_and_normals_are_standard():
