@@ -107,8 +107,7 @@ class GRUStack(nn.Module):
         h0 = self.h0.expand(self.num_layers, x.shape[0], -1).contiguous()  # (L, B, H)
         shape = self.keep_shape(x.shape[0], x.shape[1])
         if keep is None and shape is not None:
-            keep = (torch.rand(shape, dtype=PARAM_DTYPE, device=x.device) >= self.dropout).to(PARAM_DTYPE)
-            keep = keep / (1.0 - self.dropout)
+            keep = DropoutMask(shape, self.dropout).draw(torch.rand(shape, device=x.device))
         return gru_stack(x, h0, self.weights(), keep)
 
     def weights(self) -> list[torch.Tensor]:
