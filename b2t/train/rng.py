@@ -66,12 +66,14 @@ def _flat_index(shape: tuple[int, ...], device: torch.device) -> Tensor:
     arange per dimension. Not one `arange` of the whole size: torch_xla makes an arange a
     host-built constant of its full size (measured: 0.67 s for 4M elements, each trace, and
     the literal goes into the HLO), so the first step of a bucket grew with T."""
-    index, stride = torch.zeros((), dtype=torch.int32, device=device), 1
+    if not shape:
+        return torch.zeros((), dtype=torch.int32, device=device)
+    index, stride = None, 1
     for dim in reversed(range(len(shape))):
         view = [1] * len(shape)
         view[dim] = shape[dim]
         term = torch.arange(shape[dim], dtype=torch.int32, device=device).view(view)
-        index = term if dim == len(shape) - 1 else index + term * stride
+        index = term if index is None else index + term * stride
         stride *= shape[dim]
     return index
 
