@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from torch.nn.modules.rnn import GRU as TorchGRU
 
 from b2t.model.gru_op import gru_stack
+from b2t.model.layers import GRU_PARAM_KINDS
 
 DEVICE = torch_xla.device()
 
 
 def gru_weights(gru: TorchGRU) -> list[torch.Tensor]:
     """torch's flat weight order: weight_ih, weight_hh, bias_ih, bias_hh per layer."""
-    kinds = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-    return [getattr(gru, f"{kind}_l{k}") for k in range(gru.num_layers) for kind in kinds]
+    return [getattr(gru, f"{kind}_l{k}") for k in range(gru.num_layers) for kind in GRU_PARAM_KINDS]
 CPU = torch.device("cpu")
 
 

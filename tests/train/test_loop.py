@@ -97,15 +97,20 @@ def test_the_noise_separating_family_learns_on_every_backend(tiny_dataset, tmp_p
     assert val[-1]["per"] == pytest.approx(per, abs=0.05), "not the measured learning curve"
 
 
-def _loss_curve(backend_name, shards, steps):
-    """Objective of each of the first `steps` training steps of configs/noise_tiny.yaml."""
-    cfg = load_config(NOISE_TINY_CONFIG, [f"train.backend={backend_name}"])
+def _stepper(backend_name, shards, config):
+    """A fresh Stepper for `config` on `backend_name`, and the shards' training batches."""
+    cfg = load_config(config, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, None if backend_name != "eager" else "cpu")
     model = run_model(manifest, cfg, backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    batches = zip(range(steps), train_batches(shards, manifest, StreamConfig()))
-    return [float(stepper.train_step([batch.to(backend.device)], i + 1)[0].cpu()) for i, batch in batches]
+    return stepper, (batch.to(backend.device) for batch in train_batches(shards, manifest, StreamConfig()))
+
+
+def _loss_curve(backend_name, shards, steps):
+    """Objective of each of the first `steps` training steps of configs/noise_tiny.yaml."""
+    stepper, batches = _stepper(backend_name, shards, NOISE_TINY_CONFIG)
+    return [float(stepper.train_step([batch], i + 1)[0].cpu()) for i, batch in zip(range(steps), batches)]
 
 
 @pytest.mark.slow
@@ -130,13 +135,8 @@ def test_max_compiles_guard_fails_the_run(tiny_dataset, tmp_path):
 
 
 def _first_batch_losses(backend_name, shards, config=TINY_CONFIG):
-    cfg = load_config(config, [f"train.backend={backend_name}"])
-    manifest = Manifest.load(shards)
-    backend = make_backend(backend_name, None if backend_name != "eager" else "cpu")
-    model = run_model(manifest, cfg, backend)
-    stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    batch = next(train_batches(shards, manifest, StreamConfig())).to(backend.device)
-    return {head: float(loss.to(LOSS_DTYPE).cpu()) for head, loss in stepper.losses(batch).items()}
+    stepper, batches = _stepper(backend_name, shards, config)
+    return {head: float(loss.to(LOSS_DTYPE).cpu()) for head, loss in stepper.losses(next(batches)).items()}
 
 
 @pytest.mark.parametrize("config", [TINY_CONFIG, NOISE_TINY_CONFIG], ids=["gru", "noise_separating"])
