@@ -176,7 +176,7 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     """
     t = t.detach()
     if t.device.type != "xla" or sharding_spec(t) in ("", "{replicated}"):
-        return t.cpu().contiguous()
+        return t.to("cpu", copy=True).contiguous()  # a copy even of a CPU tensor, which `.cpu()` returns as is
     import torch_xla
 
     whole = torch.empty(t.shape, dtype=t.dtype)

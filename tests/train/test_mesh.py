@@ -4,12 +4,13 @@ which dim of a weight the fsdp axis splits."""
 from __future__ import annotations
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
-from b2t.train.mesh import ParallelError, check_divisible, mesh_axes, parse_devices, shard_dim
+from b2t.train.mesh import ParallelError, check_divisible, host_copy, mesh_axes, parse_devices, shard_dim
 
 
 @pytest.mark.parametrize(("devices", "mesh", "want"), [
@@ -60,3 +61,13 @@ def test_the_split_dim_always_divides_and_none_larger_does(shape, fsdp):
         assert not divisible
     else:
         assert shape[d] % fsdp == 0 and shape[d] == max(divisible)
+
+
+def test_host_copy_is_a_copy_even_of_a_host_tensor():
+    """The warm-up keeps its snapshot of the training state as host copies: on the CPU
+    (eager), `.cpu()` returns the tensor itself, and the warm-up then restored nothing."""
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    copy = host_copy(t)
+    t.add_(1)
+    assert torch.equal(copy, torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert host_copy(t.t()).is_contiguous()
