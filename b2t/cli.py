@@ -43,7 +43,8 @@ def fail(message: str) -> None:
               help="Check the sha256 of every train and val shard against the manifest before training (reads every "
                    "shard once; presence and sizes are always checked).")
 @click.option("--max-compiles", type=int, default=None,
-              help="Fail the run if XLA compiled more graphs than this (a recompilation guard for CI).")
+              help="Fail the run as soon as XLA has compiled more graphs than this, checked during the warm-up and at "
+                   "every log (a recompilation guard for CI).")
 @click.option("--device", default=None, help="Device override, e.g. cuda:1 (default: the backend's first device).")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs still go to RUN_DIR/metrics.jsonl).")
 @click.option("--devices", default=None, metavar="all|N",

@@ -54,7 +54,7 @@ class TrainingError(RuntimeError):
 @dataclass
 class RunOptions:
     resume: bool = False
-    max_compiles: int | None = None  # fail the run if XLA compiled more graphs than this
+    max_compiles: int | None = None  # fail the run as soon as XLA has compiled more graphs than this
     progress: bool = True
     device: str | None = None
     init_from: Path | None = None  # a fresh run starts from this checkpoint's weights (b2t.train.init_from)
@@ -221,9 +221,24 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
                Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, bar)
 
 
-def warm_up(run: Run) -> CompileStats:
+def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
+    """Fail the run once XLA has compiled more graphs than `opts.max_compiles`: checked before
+    each warm-up graph and at every log, so an over-budget run stops then, not at its end."""
+    n = run.backend.stats().compilations
+    if opts.max_compiles is not None and n > opts.max_compiles:
+        raise TrainingError(f"{n} XLA compilations exceed --max-compiles {opts.max_compiles} "
+                            f"for {len(run.manifest.buckets)} buckets {when}: see {run.run_dir / METRICS} "
+                            "for when they happened")
+
+
+def warm_up(run: Run, opts: RunOptions) -> CompileStats:
     """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
-    report = WarmUpReport(run.bar)
+    progress = WarmUpReport(run.bar)
+
+    def report(what: str) -> None:
+        check_compiles(run, opts, f"in the warm-up, before the {what or 'loop'}")
+        progress(what)
+
     run.stepper.warm_up(run.manifest.buckets, report)
     report("")
     warm = run.backend.stats()
@@ -241,9 +256,7 @@ def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
                "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model)}
     run.log.write("summary", **summary)
     run.log.close()
-    if opts.max_compiles is not None and final.compilations > opts.max_compiles:
-        raise TrainingError(f"{final.compilations} XLA compilations exceed --max-compiles {opts.max_compiles} "
-                            f"for {len(run.manifest.buckets)} buckets: see {run.run_dir / METRICS} for when they happened")
+    check_compiles(run, opts, "by the end of the run")
     return summary
 
 
@@ -276,12 +289,13 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
         run = start_run(dataset, run_dir, manifest, cfg, opts, layout, backend)
-        warm = warm_up(run)
+        warm = warm_up(run, opts)
         stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
         while run.state.step < cfg.train.steps:
             norm = run.step(stream)
             if run.due(cfg.train.log_every):
                 run.log_losses(norm)
+                check_compiles(run, opts, f"by step {run.state.step}")
             if run.has_val and run.due(cfg.train.val_every):
                 run.validate()
             if layout.is_main and run.due(cfg.train.checkpoint_every):

@@ -3,6 +3,7 @@ backends agreeing, exact resume. These are the slowest tests of the suite (about
 
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -127,11 +128,14 @@ def test_given_the_same_draws_eager_follows_the_openxla_loss_curve(tiny_dataset,
         assert sum(eager[i:i + 10]) == pytest.approx(sum(openxla[i:i + 10]), rel=0.004), f"steps {i + 1}-{i + 10}"
 
 
-def test_max_compiles_guard_fails_the_run(tiny_dataset, tmp_path):
+def test_max_compiles_guard_fails_the_run_when_it_goes_over(tiny_dataset, tmp_path):
+    """Over budget within the first bucket's warm-up: the run stops there, before any step."""
     _, shards = tiny_dataset
     cfg = load_config(TINY_CONFIG, ["train.backend=xla", "train.steps=2", "train.log_every=1"])
-    with pytest.raises(TrainingError, match=r"XLA compilations exceed --max-compiles 1 for 3 buckets"):
+    with pytest.raises(TrainingError, match=r"XLA compilations exceed --max-compiles 1 for 3 buckets in the warm-up, "
+                                            r"before the eval step, bucket T=\d+ B=\d+:"):
         train(shards, tmp_path, cfg, RunOptions(progress=False, max_compiles=1))
+    assert _records(tmp_path, "train") == [] and not (tmp_path / "last.safetensors").exists()
 
 
 def _first_batch_losses(backend_name, shards, config=TINY_CONFIG):
@@ -150,16 +154,20 @@ def test_openxla_and_eager_agree_on_the_same_batch_and_weights(tiny_dataset, con
         assert openxla[head] == pytest.approx(eager[head], rel=0.02), head
 
 
-def test_resume_reproduces_the_uninterrupted_losses(tiny_dataset, tmp_path):
+@pytest.mark.parametrize("backend", ["eager", pytest.param("xla", marks=pytest.mark.slow)])
+def test_resume_reproduces_the_uninterrupted_losses(tiny_dataset, tmp_path, backend):
+    """8 steps, against 4 then 4 more resumed from the step-4 checkpoint. (The xla case is
+    slow: its first run compiles 9 graphs and the resumed run's warm-up 3 more, about 90 s.)"""
     _, shards = tiny_dataset
-    sets = ["train.backend=xla", "train.log_every=2", "train.checkpoint_every=4", "train.val_every=1000"]
+    sets = [f"train.backend={backend}", "train.log_every=2", "train.checkpoint_every=4", "train.val_every=1000"]
+    opts = RunOptions(progress=False, device="cpu" if backend == "eager" else None)
     full = tmp_path / "full"
-    train(shards, full, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), RunOptions(progress=False))
+    train(shards, full, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), opts)
     part = tmp_path / "part"
-    train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=4"]), RunOptions(progress=False))
+    train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=4"]), opts)
     with pytest.raises(TrainingError, match="pass --resume"):
-        train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), RunOptions(progress=False))
-    train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), RunOptions(progress=False, resume=True))
+        train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), opts)
+    train(shards, part, load_config(TINY_CONFIG, [*sets, "train.steps=8"]), replace(opts, resume=True))
     losses = {r["step"]: r["loss"] for r in _records(full, "train")}
     resumed = {r["step"]: r["loss"] for r in _records(part, "train")}
     assert set(resumed) == {2, 4, 6, 8}
