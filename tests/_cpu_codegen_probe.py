@@ -28,7 +28,7 @@ def step(shards: Path) -> dict[str, str]:
     manifest, backend = Manifest.load(shards), make_backend("xla")
     model = run_model(manifest, cfg, backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
-    shortest = next(b for b in train_batches(shards, manifest, StreamConfig()) if b.bucket == 0)  # the quickest compile
+    shortest = next(b for b in train_batches(shards, manifest, StreamConfig()) if b.bucket == 0)  # the shortest T
     loss, norm = stepper.train_step([shortest], 1)
     return {"loss": float(loss.cpu()).hex(), "grad_norm": float(norm.cpu()).hex(), "weights": weights_digest(model)}
 
