@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -292,6 +293,29 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
     return _build(Config, raw, "")
 
 
+class _NumberLoader(yaml.SafeLoader):
+    """YAML 1.1 with the number spellings every ML config uses: PyYAML reads `1e-3`, `1e6`
+    and `-1E-4` as strings (its float pattern wants a dot and a signed exponent)."""
+
+
+_NumberLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """`text` as YAML (numbers in every common spelling); ConfigError naming `where` and the line."""
+    try:
+        return yaml.load(text, Loader=_NumberLoader)  # a SafeLoader: builds plain data only
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p) or str(e)
+        raise ConfigError(f"{where}{line}: not valid YAML ({problem})") from None
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
     """Apply `section.key=value` strings (also `section.sub.key=value`; values parsed as YAML
     scalars) to a raw dict."""
@@ -309,7 +333,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             elif not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {k!r} is a value, not a section")
             node = child
-        node[keys[-1]] = yaml.safe_load(value)
+        node[keys[-1]] = parse_yaml(value, f"override {item!r}")
     return out
 
 
@@ -317,10 +341,16 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Confi
     """Read a YAML config (None = all defaults), apply overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        raw = yaml.safe_load(text) or {}
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text at byte {e.start} (expected a YAML config)") from None
+        raw = parse_yaml(text, str(path))
+        if raw is None:
+            raise ConfigError(f"{path}: the file is empty (expected sections such as data:, model:, train:); "
+                              "to train with the defaults, pass no --config")
         if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+            raise ConfigError(f"{path}:1: expected a mapping of sections at the top level, got {type(raw).__name__}")
     try:
         return config_from_dict(apply_overrides(raw, overrides))
     except ConfigError as e:
