@@ -22,12 +22,21 @@ fresh counter each traced graphs no later step reuses. With the handling off the
 device data like any other value. Private name (torch_xla 2.9):
 `torch_xla._XLAC._set_xla_handle_special_scalars` (the XLA_NO_SPECIAL_SCALARS variable
 does the same but is read only once, at start-up).
+
+The rest are thin wrappers, each named after what b2t uses it for:
+`sharding_spec`, `local_shards`, `local_shard_indices` (`torch_xla._XLAC._get_xla_sharding_spec`,
+`_get_local_shards`, `_get_local_shard_replica_and_indices`: a sharded tensor read back shard
+by shard, b2t.train.mesh); `aot_autograd`, `openxla_eval_boxed` (`torch._dynamo.backends.common`,
+`torch._dynamo.backends.torchxla`: the SPMD openxla compiler, b2t.train.backend);
+`raise_recompile_limit` (`torch._dynamo.config.recompile_limit`); `gru_layer` (`torch._VF.gru`,
+the kernel `nn.GRU` calls, b2t.model.recurrence).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -70,3 +79,52 @@ def special_scalars_handled(handled: bool) -> Iterator[None]:
         yield
     finally:
         torch_xla._XLAC._set_xla_handle_special_scalars(before)
+
+
+def sharding_spec(t: torch.Tensor) -> str:
+    """The XLA sharding of `t` as text, e.g. `{devices=[4,1,1]0,1,2,3}`; '' when unsharded."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_sharding_spec(t)
+
+
+def local_shards(t: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+    """A sharded XLA tensor's shards on this host as (host tensor, device name) pairs; a shard
+    of a dim that does not divide is padded at its end."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_local_shards([t])[0]
+
+
+def local_shard_indices(t: torch.Tensor) -> list[tuple[int, list[slice]]]:
+    """Where each of `local_shards(t)` sits in the whole tensor: (replica id, one slice per dim)."""
+    import torch_xla
+
+    return torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]
+
+
+def aot_autograd(**kwargs: Any) -> Callable:
+    """Dynamo's AOTAutograd backend maker (forward and backward graphs to their own compilers)."""
+    from torch._dynamo.backends.common import aot_autograd as make
+
+    return make(**kwargs)
+
+
+def openxla_eval_boxed(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
+    """torch_xla's dynamo bridge compiling one graph (the `openxla` backend's forward compiler)."""
+    from torch._dynamo.backends.torchxla import openxla_eval_boxed as compile_graph
+
+    return compile_graph(gm, example_inputs)
+
+
+def raise_recompile_limit(at_least: int) -> None:
+    """Process-wide: dynamo compiles up to `at_least` graphs per function before it falls back
+    to running the function eagerly (silently)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, at_least)
+
+
+def gru_layer(x: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+    """One batch-first GRU layer by torch's kernel (what `nn.GRU` calls): (B, P, D), (1, B, H)
+    -> (B, P, H); `params` = weight_ih, weight_hh, bias_ih, bias_hh."""
+    y, _ = torch._VF.gru(x, h0, params, True, 1, 0.0, False, False, True)
+    return y

@@ -1,6 +1,6 @@
 """The GRU stack's two kernels, for the parameters of a `b2t.model.layers.GRUStack`.
 
-- `native_stack` (CPU, CUDA): torch's GRU kernel (`torch._VF.gru`, what `nn.GRU` calls),
+- `native_stack` (CPU, CUDA): torch's GRU kernel (what `nn.GRU` calls, `b2t.private_api.gru_layer`),
   one layer per call so the dropout between layers is an explicit mask;
 - `scan_stack` (XLA): the same equations with each layer's time loop lowered to one XLA
   while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from b2t.private_api import gru_layer
+
 Carry = dict[str, torch.Tensor]
 
 
@@ -52,7 +54,7 @@ def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
         for layer, params in enumerate(_layers(weights)):
             if layer and keep is not None:
                 y = y * keep[layer - 1].to(y.dtype)
-            y, _ = torch._VF.gru(y, h0[layer : layer + 1], params, True, 1, 0.0, False, False, True)
+            y = gru_layer(y, h0[layer : layer + 1], params)
     return y.to(h0.dtype)
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE
-from b2t.private_api import scalars_as_device_data
+from b2t.private_api import aot_autograd, openxla_eval_boxed, raise_recompile_limit, scalars_as_device_data
 from b2t.train.devices import select_pjrt_device
 from b2t.train.mesh import SpmdMesh
 from b2t.train.rng import CounterRng, Rng, TorchRng
@@ -92,6 +92,11 @@ class Backend:
         if self.mesh is not None:
             self.mesh.shard_training_state(model, optimizer)
 
+    def zeros(self, like: torch.Tensor) -> torch.Tensor:
+        """Zeros like `like` on its device, copied from the host: device data (a zeros op on
+        XLA is a graph of its own). Gradients and AdamW moments start so."""
+        return torch.zeros(like.shape, dtype=like.dtype, device="cpu").to(like.device)
+
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
         if self.name in ("eager", "xla"):
@@ -104,7 +109,7 @@ class Backend:
             backend = spmd_openxla()
         # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
         # run a bucket eagerly, so lift the limit well above any sensible bucket count.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        raise_recompile_limit(64)
         return torch.compile(fn, backend=backend, dynamic=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -197,8 +202,6 @@ def spmd_openxla() -> Callable:
     input (the day indices) from the first call's buffer (`b2t.xla_workarounds`: spmd-bridge-backward).
     """
     from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._dynamo.backends.torchxla import openxla_eval_boxed
 
     return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
 

@@ -32,6 +32,7 @@ from torch import nn
 
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
+from b2t.private_api import local_shard_indices, local_shards, sharding_spec
 from b2t.train.devices import select_pjrt_device, xla_rank_world
 
 DATA_AXIS, FSDP_AXIS = "data", "fsdp"
@@ -177,11 +178,8 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.device.type != "xla" or sharding_spec(t) in ("", "{replicated}"):
         return t.to("cpu", copy=True).contiguous()  # a copy even of a CPU tensor, which `.cpu()` returns as is
-    import torch_xla
-
     whole = torch.empty(t.shape, dtype=t.dtype)
-    shards = torch_xla._XLAC._get_local_shards([t])[0]
-    indices = torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]
+    shards, indices = local_shards(t), local_shard_indices(t)
     for (data, _), (_, index) in zip(shards, indices):
         region = whole[tuple(index)]
         region.copy_(data[tuple(slice(0, n) for n in region.shape)])  # a padded shard's tail is dropped
@@ -191,7 +189,6 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
 def device_bytes(tensors: Iterable[torch.Tensor]) -> list[int]:
     """Bytes each device holds of `tensors` (device data on an SPMD mesh), from the shards
     torch_xla reports per device (padding included); an unannotated tensor is whole on each."""
-    import torch_xla
     import torch_xla.runtime as xr
 
     per_device = [0] * xr.global_runtime_device_count()
@@ -199,16 +196,9 @@ def device_bytes(tensors: Iterable[torch.Tensor]) -> list[int]:
         if not sharding_spec(t):
             per_device = [n + t.numel() * t.element_size() for n in per_device]
             continue
-        for data, device in torch_xla._XLAC._get_local_shards([t])[0]:
+        for data, device in local_shards(t):
             per_device[int(device.split(":")[-1])] += data.numel() * data.element_size()
     return per_device
-
-
-def sharding_spec(t: torch.Tensor) -> str:
-    """The XLA sharding of `t` as text, e.g. `{devices=[4,1,1]0,1,2,3}`; '' when unsharded."""
-    import torch_xla
-
-    return torch_xla._XLAC._get_xla_sharding_spec(t)
 
 
 def enable_spmd(cfg: MeshConfig) -> SpmdMesh:
