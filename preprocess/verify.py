@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from b2t.contract import BucketShape, check_batch, check_rows
-from b2t.data.manifest import Manifest, ShardEntry, shard_problem
+from b2t.data.manifest import Manifest, ShardEntry, shard_path, shard_problem
 from b2t.data.mapped_tar import shard_samples
+from b2t.data.rows import row_problems
 from b2t.data.sample import decode_sample
 from preprocess.writer import one_torch_thread
 
@@ -40,24 +41,20 @@ class VerifyReport:
 
 
 def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape: BucketShape,
-                   n_sessions: int) -> list[str]:
-    """What is wrong with one decoded batch beyond the contract's shapes and dtypes."""
+                   n_sessions: int, patching: tuple[int, int] | None = None) -> list[str]:
+    """What is wrong with one decoded batch beyond the contract's shapes and dtypes: its rows
+    (`b2t.data.rows`, the reader's own checks; CTC feasibility too when `patching` is given),
+    its meta rows and its features (finite, zero beyond each row's length)."""
     try:
         check_batch(tensors, shape)
     except ValueError as e:
         return [str(e)]
-    valid, lengths, labels = tensors["valid"], tensors["n_time_steps"], tensors["phone_seq_lens"]
-    problems = []
+    valid, lengths = tensors["valid"], tensors["n_time_steps"]
+    problems = row_problems(tensors, shape, n_sessions, patching)
     try:
         check_rows(meta["rows"], valid)
-    except ValueError as e:
-        problems.append(str(e))
-    if bool(((lengths < 1) | (lengths > shape.T))[valid].any()) or bool(lengths[~valid].any()):
-        problems.append(f"n_time_steps outside 1..T={shape.T} in a valid row, or nonzero in a padding row")
-    if bool((labels > shape.L).any()) or bool(labels[~valid].any()):
-        problems.append(f"phone_seq_lens above L={shape.L}, or nonzero in a padding row")
-    if bool(((tensors["day_indices"] < 0) | (tensors["day_indices"] >= n_sessions)).any()):
-        problems.append(f"day_indices outside 0..{n_sessions - 1}")
+    except (ValueError, KeyError, TypeError) as e:
+        problems.append(f"meta rows: {e}" if not isinstance(e, ValueError) else str(e))
     finite = torch.isfinite(tensors["features"])  # (B, T, F)
     if not bool(finite.all()):
         row, t, channel = (int(i) for i in (~finite).nonzero()[0])
@@ -65,9 +62,6 @@ def batch_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any], shape
     time_mask = torch.arange(shape.T, dtype=torch.int32, device="cpu")[None, :] < lengths[:, None]  # (B, T)
     if bool(tensors["features"][~time_mask].any()):
         problems.append("features are nonzero beyond a row's n_time_steps")
-    label_mask = torch.arange(shape.L, dtype=torch.int32, device="cpu")[None, :] < labels[:, None]  # (B, L)
-    if bool(tensors["seq_class_ids"][~label_mask].any()):
-        problems.append("seq_class_ids are nonzero beyond a row's phone_seq_lens")
     return problems
 
 
@@ -78,15 +72,17 @@ def _check_samples(path: Path, entry: ShardEntry, manifest: Manifest) -> tuple[i
         key = sample["__key__"]
         try:
             tensors, meta = decode_sample(sample)
+            if not 0 <= meta["bucket"] < len(manifest.buckets):
+                raise IndexError(f"bucket {meta['bucket']} is not one of the manifest's {len(manifest.buckets)}")
             shape = manifest.buckets[meta["bucket"]]
         except (ValueError, KeyError, IndexError, TypeError) as e:
             problems.append(f"{entry.name}: batch {key} does not decode: {e}")
             continue
         batches += 1
         trials += int(tensors["valid"].sum())
-        if (meta["split"], meta["epoch"]) != (entry.split, entry.epoch):
-            problems.append(f"{entry.name}: batch {key} says split {meta['split']} epoch {meta['epoch']}")
-        found = batch_problems(tensors, meta, shape, len(manifest.sessions))
+        if (meta.get("split"), meta.get("epoch")) != (entry.split, entry.epoch):
+            problems.append(f"{entry.name}: batch {key} says split {meta.get('split')} epoch {meta.get('epoch')}")
+        found = batch_problems(tensors, meta, shape, len(manifest.sessions), manifest.patching())
         problems += [f"{entry.name}: batch {key}: {p}" for p in found]
     if (batches, trials) != (entry.n_batches, entry.n_trials):
         problems.append(f"{entry.name}: holds {batches} batches / {trials} trials, "
@@ -105,8 +101,12 @@ def verify(directory: str | Path, *, decode: bool = True) -> VerifyReport:
         return report
     report.shards = len(manifest.shards)
     for entry in manifest.shards:
-        path = directory / entry.name
-        if (problem := shard_problem(directory, entry, sha256=True)) is not None:
+        try:
+            path = shard_path(directory, entry)
+            problem = shard_problem(directory, entry, sha256=True)
+        except ValueError as e:  # a name that leads outside the directory
+            problem = str(e)
+        if problem is not None:
             report.errors.append(problem)
             continue
         if decode:

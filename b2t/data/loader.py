@@ -25,8 +25,9 @@ import webdataset as wds
 from torch.utils.data import DataLoader
 
 from b2t.contract import Batch, check_batch
-from b2t.data.manifest import Manifest, ShardEntry
+from b2t.data.manifest import Manifest, ShardEntry, shard_path
 from b2t.data.mapped_tar import mapped_tar_samples
+from b2t.data.rows import row_problems
 from b2t.data.sample import decode_sample
 
 
@@ -44,17 +45,24 @@ class StreamConfig:
 
 
 class _Decoder:
-    """Picklable decode stage (runs in loader workers) that also enforces the contract."""
+    """Picklable decode stage (runs in loader workers) that also enforces the contract: shapes
+    and dtypes, and every row's lengths, labels and day index (`b2t.data.rows`)."""
 
     def __init__(self, manifest: Manifest):
         self.buckets = manifest.buckets
+        self.n_sessions = len(manifest.sessions)
+        self.patching = manifest.patching()
 
     def __call__(self, sample: dict[str, Any]) -> Batch:
         tensors, meta = decode_sample(sample)
-        bucket = int(meta["bucket"])
         try:
+            bucket = meta.get("bucket") if isinstance(meta, dict) else None
+            if not isinstance(bucket, int) or not 0 <= bucket < len(self.buckets):
+                raise ValueError(f"meta bucket {bucket!r} is not an index into the manifest's {len(self.buckets)} buckets")
             check_batch(tensors, self.buckets[bucket])
-        except (ValueError, IndexError) as e:
+            if problems := row_problems(tensors, self.buckets[bucket], self.n_sessions, self.patching):
+                raise ValueError("; ".join(problems) + ": run b2t-preprocess verify on the dataset, then rewrite it")
+        except ValueError as e:
             raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: {e}") from None
         return Batch(bucket, tensors, meta)
 
@@ -81,7 +89,7 @@ def pass_shards(manifest: Manifest, split: str, pass_index: int, cfg: StreamConf
 
 def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamConfig, shuffle_seed: str) -> Iterator[Batch]:
     stages: list[Any] = [
-        wds.SimpleShardList([str(root / s.name) for s in shards]),
+        wds.SimpleShardList([str(shard_path(root, s)) for s in shards]),
         wds.split_by_worker,
         mapped_tar_samples,
     ]

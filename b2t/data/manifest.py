@@ -32,6 +32,30 @@ class ShardEntry:
     bytes: int
     sha256: str
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name:
+            raise ValueError(f"shard name {self.name!r} is not a file name inside the dataset directory")
+        if self.split not in SPLITS:
+            raise ValueError(f"shard {self.name}: split {self.split!r} is not one of {', '.join(SPLITS)}")
+        for key in ("epoch", "n_batches", "n_trials", "bytes"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"shard {self.name}: {key} is {value!r}, expected an integer >= 0")
+        if not isinstance(self.sha256, str):
+            raise ValueError(f"shard {self.name}: sha256 is {self.sha256!r}, expected a hex string")
+
+
+def shard_path(root: str | Path, entry: ShardEntry) -> Path:
+    """Where `entry` lives: inside `root` once every link is resolved, else ValueError (a manifest
+    never points the reader at another directory's files)."""
+    root = Path(root)
+    path = root / entry.name
+    resolved, inside = path.resolve(), root.resolve()
+    if resolved.parent != inside:
+        raise ValueError(f"{path} resolves to {resolved}, outside the dataset directory {inside}: "
+                         "a manifest names only shards inside its own directory; re-run b2t-preprocess")
+    return path
+
 
 def file_sha256(path: str | Path) -> str:
     """sha256 of a file, streamed in 1 MiB reads."""
@@ -45,7 +69,7 @@ def file_sha256(path: str | Path) -> str:
 def shard_problem(root: str | Path, entry: ShardEntry, *, sha256: bool) -> str | None:
     """What is wrong with one listed shard on disk (missing, size, and with `sha256` its
     digest), naming it; None when it matches the manifest."""
-    path = Path(root) / entry.name
+    path = shard_path(root, entry)
     if not path.is_file():
         return f"{entry.name}: missing"
     size = path.stat().st_size
@@ -92,8 +116,36 @@ class Manifest:
             "warnings": self.warnings,
         }
 
+    def identity(self) -> str:
+        """sha256 of what the batches are: sessions, buckets and every shard's name and digest. A
+        run records it so that `--resume` never continues on other data."""
+        data = [self.sessions, [b.to_dict() for b in self.buckets], [[s.name, s.sha256] for s in self.shards]]
+        return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+    def patching(self) -> tuple[int, int]:
+        """(patch_size, patch_stride) the buckets were aligned to (the manifest's model section)."""
+        model = self.config.get("model", {}) if isinstance(self.config, dict) else {}
+        size, stride = model.get("patch_size"), model.get("patch_stride")
+        if not (isinstance(size, int) and isinstance(stride, int) and 1 <= stride <= size):
+            raise ValueError(f"model.patch_size={size!r}, patch_stride={stride!r}: expected integers, 1 <= stride <= size")
+        return size, stride
+
+    def config_differences(self, data: Any) -> list[str]:
+        """A note when the `data` config section (a DataConfig) differs from the one the shards
+        were made with: the trainer reads batches as written, so the shards' values win."""
+        made = self.config.get("data", {})
+        now = asdict(data)
+        keys = [k for k in now if k in made and made[k] != now[k]]
+        if not keys:
+            return []
+        return [f"the shards were made with {', '.join(f'data.{k}={made[k]!r}' for k in keys)}; the config says "
+                f"{', '.join(f'{now[k]!r}' for k in keys)}: the shards' values are the ones that train (the data "
+                "section only steers b2t-preprocess; re-run it to change them)"]
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Manifest:
+        if not isinstance(d, dict):
+            raise ValueError(f"the top level is a JSON {type(d).__name__}, expected an object")
         if d.get("version") != FORMAT_VERSION:
             raise ValueError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
         m = cls(
@@ -106,6 +158,13 @@ class Manifest:
             exclusions=[Exclusion(**e) for e in d["exclusions"]],
             warnings=list(d.get("warnings", [])),
         )
+        if not all(isinstance(x, str) for x in m.sessions) or len(set(m.sessions)) != len(m.sessions):
+            raise ValueError("sessions must be distinct session names")
+        if not all(isinstance(x, dict) for x in (m.splits, m.config)):
+            raise ValueError("splits and config must be JSON objects")
+        if not m.buckets or min(min(b.T, b.B, b.L) for b in m.buckets) < 1:
+            raise ValueError("buckets must list at least one shape with T, B and L >= 1")
+        m.patching()
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
             raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
         return m
@@ -120,9 +179,12 @@ class Manifest:
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: run b2t-preprocess first (or it did not finish)")
         try:
-            return cls.from_json(json.loads(path.read_text()))
-        except (KeyError, TypeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path} is not a valid b2t manifest: {e}") from None
+            return cls.from_json(json.loads(path.read_bytes()))
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not a valid b2t manifest: not UTF-8 JSON text") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # ValueError covers JSONDecodeError
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{path} is not a valid b2t manifest: {what}") from None
 
     def shards_of(self, split: str, epoch: int | None = None) -> list[ShardEntry]:
         return [s for s in self.shards if s.split == split and (epoch is None or s.epoch == epoch)]

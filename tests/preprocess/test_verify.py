@@ -26,7 +26,7 @@ def test_batch_problems_catch_what_the_contract_cannot():
     batch["day_indices"][1] = 3
     problems = batch_problems(batch, meta, shape, n_sessions=1)
     assert any("beyond a row's n_time_steps" in p for p in problems)
-    assert any("day_indices outside 0..0" in p for p in problems)
+    assert any("row 1: day index 3 outside 0..0" in p for p in problems)
 
 
 def test_batch_problems_catch_non_finite_features():
