@@ -16,6 +16,7 @@ moved or renamed, so which day it belongs to is unclear).
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ import torch
 from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, TRIAL_GROUP, trial_number
 from b2t.data.manifest import SPLITS, Exclusion, file_sha256
 from b2t.phonemes import SILENCE_ID
+from b2t.text import normalize_text
 from preprocess.trials import DataError, TrialRef
 
 SPLIT_FILES: dict[str, str] = {split: f"data_{split}.hdf5" for split in SPLITS}
@@ -43,6 +45,26 @@ class SessionFiles:
     files: dict[str, Path]  # split -> path of its HDF5 file
 
 
+def walk(root: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """(folder, its sub-folder names, its file names) for `root` and every folder below it, in
+    name order, following symlinked folders (a session folder may be a link to another disk)
+    once: a folder reached twice (a link loop, or two links to one folder) is an error, never
+    a silent skip or an endless walk."""
+    reached: dict[str, Path] = {}
+    for folder, dirs, files in os.walk(root, followlinks=True, onerror=_walk_error):
+        real = os.path.realpath(folder)
+        if real in reached:
+            raise DataError(folder, None, f"leads to {real}, already reached as {reached[real]} (a link loop, or two "
+                                          "links to one folder): keep one path to each session folder")
+        reached[real] = Path(folder)
+        dirs.sort()
+        yield Path(folder), dirs, sorted(files)
+
+
+def _walk_error(e: OSError) -> None:
+    raise DataError(e.filename or "a folder", None, f"cannot be listed: {e.strerror or e}")
+
+
 def discover_sessions(root: Path) -> list[SessionFiles]:
     """Every session directory below `root` (which may itself be one), sorted by name = day order."""
     root = Path(root)
@@ -50,10 +72,12 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         raise DataError(root, None, "is not a directory (expected the folder of t15.* session directories)")
     by_dir: dict[Path, dict[str, Path]] = defaultdict(dict)
     split_of = {name: split for split, name in SPLIT_FILES.items()}
-    for path in sorted(root.rglob("data_*.hdf5")):
-        if path.name not in split_of:
-            raise DataError(path, None, f"unexpected file name: a session holds only {sorted(split_of)}")
-        by_dir[path.parent][split_of[path.name]] = path
+    for folder, _, files in walk(root):
+        for name in files:
+            if name.startswith("data_") and name.endswith(".hdf5"):
+                if name not in split_of:
+                    raise DataError(folder / name, None, f"unexpected file name: a session holds only {sorted(split_of)}")
+                by_dir[folder][split_of[name]] = folder / name
     if not by_dir:
         raise DataError(root, None, f"no session found: no {'/'.join(SPLIT_FILES.values())} below it")
     sessions: dict[str, Path] = {}
@@ -74,8 +98,20 @@ def empty_folders(root: Path) -> list[Path]:
     """Folders below `root` that hold no session file and no folder: an empty session folder
     (a copy that did not finish, a day not downloaded), reported rather than skipped unseen."""
     root = Path(root)
-    folders = [p for p in sorted(root.rglob("*")) if p.is_dir() and not p.name.startswith(".")]
-    return [p for p in folders if not any(c.is_dir() or c.name in SPLIT_FILES.values() for c in p.iterdir())]
+    return [folder for folder, dirs, files in walk(root)
+            if folder != root and not folder.name.startswith(".") and not dirs
+            and not any(f in SPLIT_FILES.values() for f in files)]
+
+
+def session_warnings(root: Path, sessions: Sequence[SessionFiles]) -> list[str]:
+    """What the manifest records as found and not used: empty folders, and sessions with
+    neither train nor val data (a day layer that no trial trains; its test trials are kept)."""
+    folders = [f"{os.path.relpath(p, root)}: empty folder (no {'/'.join(SPLIT_FILES.values())}): skipped, "
+               "no session made of it" for p in empty_folders(root)]
+    untrained = [f"{s.session}: no {SPLIT_FILES['train']} and no {SPLIT_FILES['val']} (only "
+                 f"{', '.join(SPLIT_FILES[k] for k in s.files)}): kept, but no trial trains or validates its day layer"
+                 for s in sessions if not {"train", "val"} & set(s.files)]
+    return folders + untrained
 
 
 @contextmanager
@@ -164,6 +200,9 @@ def _scan_trial(f: h5py.File, path: Path, name: str, split: str, session: str, d
             raise bad(f"seq_class_ids[{wrong[0]}] is {valid[wrong[0]]}, outside the phoneme ids 1..{SILENCE_ID}")
         labels = tuple(int(v) for v in valid)
         sentence = _str_attr(g, "sentence_label", bad)
+        if not normalize_text(sentence):
+            raise bad(f"sentence_label {sentence!r} has no words, but seq_class_ids holds {seq_len} phonemes: "
+                      "a labelled trial needs its sentence (WER is scored against it)")
     return TrialRef(
         file=str(path),
         group=name,
@@ -207,8 +246,14 @@ def _int_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> int:
 
 def _str_attr(g: h5py.Group, name: str, bad: Callable[[str], DataError]) -> str:
     value = g.attrs[name]
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="replace")
+    try:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        elif isinstance(value, str):
+            value.encode("utf-8")  # h5py hands undecodable bytes on as surrogate escapes
+    except UnicodeError as e:
+        raise bad(f"attribute {name!r} is not UTF-8 text ({e.reason} at character {e.start}: {value!r}): "
+                  "re-encode it as UTF-8") from None
     if not isinstance(value, str):
         raise bad(f"attribute {name!r} is {type(value).__name__}, expected a string")
     return value

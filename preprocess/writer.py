@@ -40,12 +40,11 @@ from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, 
 from b2t.data.sample import encode_sample
 from preprocess.batching import BatchPlan, Layout, plan_layout
 from preprocess.hdf5_source import (
-    SPLIT_FILES,
     discover_sessions,
-    empty_folders,
     file_fingerprint,
     read_features,
     scan_file,
+    session_warnings,
 )
 from preprocess.trials import DataError, TrialRef
 
@@ -232,8 +231,7 @@ def scan_sources(root: Path, splits: Sequence[str], *, skip_bad: bool, executor:
         exclusions=[Exclusion(files[e.file], e.trial, e.reason) for _, excluded, _ in results for e in excluded],
         sources=[{**fp, "path": files[job[0]]} for job, (_, _, fp) in zip(jobs, results)],
         files=files,
-        warnings=[f"{os.path.relpath(p, root)}: empty folder (no {'/'.join(SPLIT_FILES.values())}): skipped, "
-                  "no session made of it" for p in empty_folders(root)],
+        warnings=session_warnings(root, sessions),
     )
 
 
@@ -306,13 +304,22 @@ def check_output(out: Path, config: Config, splits: Sequence[str], *, overwrite:
 
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold OUT's lock so two runs never interleave shards (the OS frees it if we die)."""
-    with open(out / LOCK_NAME, "a") as lock:
+    """Hold OUT's lock so two runs never interleave shards (the OS frees it if we die). A run
+    refused before writing anything (OutputDirError) removes the lock file it created, so a
+    folder it declined to touch is left as it was."""
+    path = out / LOCK_NAME
+    created = not path.exists()
+    with open(path, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise OutputDirError(f"another b2t-preprocess is writing {out}") from None
-        yield
+        try:
+            yield
+        except OutputDirError:
+            if created:
+                path.unlink(missing_ok=True)
+            raise
 
 
 def _finished_shards(out: Path, state: Mapping[str, Any] | None, identity: str, tasks: Sequence[ShardTask],
