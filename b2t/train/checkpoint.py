@@ -40,6 +40,7 @@ class TrainState:
     sessions: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     mesh: dict[str, int] = field(default_factory=dict)  # devices per mesh axis of the run that wrote it
+    dataset: dict[str, str] = field(default_factory=dict)  # path and identity (Manifest.identity) of its shards
 
 
 class NonFiniteCheckpoint(ValueError):

@@ -97,7 +97,7 @@ def run_model(manifest: Manifest, cfg: Config, backend: Backend) -> torch.nn.Mod
 
 
 def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  manifest: Manifest, cfg: Config) -> TrainState:
+                  dataset: Path, manifest: Manifest, cfg: Config) -> TrainState:
     """The checkpoint's state loaded into `model` and `optimizer`, if it is this run's.
 
     `train` (steps, logging) may change on resume; `mesh` too (the run goes on, recorded
@@ -105,6 +105,12 @@ def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     must be the one the checkpoint was trained with.
     """
     state = read_state(path)
+    trained_on = state.dataset.get("identity")
+    if trained_on is not None and trained_on != manifest.identity():
+        raise TrainingError(f"{path} was trained on the dataset at {state.dataset.get('path')} (identity "
+                            f"{trained_on[:12]}), {dataset} holds other data (identity {manifest.identity()[:12]}: "
+                            "other shards, batches or sessions): resume on the dataset it was trained on, "
+                            "or start a new run directory")
     if state.sessions != manifest.sessions:
         raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
                             f"{manifest.sessions[:3]}...: day indices would not match")
@@ -196,9 +202,11 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
     optimizer = make_optimizer(model, cfg.optim)
     if opts.resume:
         check_same_readers(run_dir, layout)
-        state = _resume_state(run_dir / LAST, model, optimizer, manifest, cfg)
+        state = _resume_state(run_dir / LAST, model, optimizer, dataset, manifest, cfg)
     else:
         state = TrainState(sessions=manifest.sessions, config=cfg.to_dict())
+    state.dataset = {"path": str(dataset), "identity": manifest.identity()}
+    init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg) if opts.init_from else None
     if state.mesh and state.mesh != layout.mesh:
         tqdm.write(f"note: {run_dir / LAST} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
                    "training goes on, but not bit-identical to an unbroken run on one mesh")
@@ -207,8 +215,7 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
                      tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
     if layout.is_main:
         tqdm.write(describe(backend))
-    if opts.init_from is not None and not opts.resume:
-        init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg)
+    if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
         log.write("init", source=str(init.source), kept=init.kept, new=init.new)
         tqdm.write(init.summary())
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
@@ -275,9 +282,24 @@ def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
 def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
     """Train on the shards in `dataset`, writing checkpoints and metrics to `run_dir`."""
     dataset, run_dir = Path(dataset), Path(run_dir)
+    if opts.resume and opts.init_from is not None:
+        raise TrainingError(f"--resume continues {run_dir / LAST} (weights, optimizer and schedule) and --init-from "
+                            f"starts a new run from {opts.init_from}'s weights: pass one of them")
     manifest = Manifest.load(dataset)
     check_compatible(manifest, cfg)
+    for note in manifest.config_differences(cfg.data):
+        tqdm.write(f"note: {note}")
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _train(dataset, run_dir, manifest, cfg, opts)
+    except BaseException:
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a run refused before it wrote anything leaves no trace
+        raise
+
+
+def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions) -> dict[str, Any]:
     remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
     if (run_dir / LAST).exists() and not opts.resume:
         raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
