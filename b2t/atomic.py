@@ -53,8 +53,10 @@ def atomic_file(path: Path, *, buffering: int = -1) -> Iterator[BinaryIO]:
             os.fchmod(f.fileno(), _default_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a write or fsync (a full disk) names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 

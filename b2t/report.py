@@ -4,7 +4,8 @@ Four panels: train and validation CTC loss, validation PER overall and per sessi
 competition's aggregate, total edits over total reference length), the learning rates,
 and steps/s with the gradient norm. matplotlib's Agg backend draws it, so no display is
 needed; the PNG is written atomically (RUN/report.png unless -o says otherwise). Where a
-resumed run logged a step twice, the later record counts.
+resumed run logged a step twice, the later record counts. Only well-formed records are
+plotted (`b2t.train.metrics_log.record_problem`); the lines skipped are counted and named.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 
 from b2t.atomic import atomic_write_bytes
 from b2t.cli_errors import Command, UserError
-from b2t.train.metrics_log import read_records
+from b2t.train.metrics_log import scan_records, skipped_summary
 
 METRICS, REPORT = "metrics.jsonl", "report.png"
 
@@ -51,14 +52,22 @@ def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int,
             for panel, series in out.items()}
 
 
-def render(run_dir: Path) -> bytes:
-    """The report PNG of `run_dir`'s metrics.jsonl."""
+def load_curves(run_dir: Path) -> tuple[dict[str, dict[str, list[tuple[int, float]]]], str | None]:
+    """(`curves` of the well-formed records of RUN/metrics.jsonl, a note on the lines skipped or None)."""
     path = run_dir / METRICS
     if not path.is_file():
         raise UserError(f"{path} not found: RUN must be a b2t-train run directory")
-    panels = curves(list(read_records(path)))
+    records, skipped = scan_records(path)
+    note = skipped_summary(path, skipped) if skipped else None
+    panels = curves(records)
     if not panels:
-        raise UserError(f"{path} holds no train or val records yet: nothing to plot")
+        raise UserError(f"{path} holds no well-formed train or val records: nothing to plot"
+                        + (f"; {note}" if note else ""))
+    return panels, note
+
+
+def render(run_dir: Path, panels: dict[str, dict[str, list[tuple[int, float]]]]) -> bytes:
+    """The report PNG of `run_dir`'s curves (from `load_curves`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -93,5 +102,8 @@ def main(run_dir: Path, output: Path | None) -> None:
     """Plot RUN's learning curves (losses, validation PER overall and per session, learning
     rates, steps/s and gradient norm) from RUN/metrics.jsonl into a PNG."""
     output = output or run_dir / REPORT
-    atomic_write_bytes(output, render(run_dir))
+    panels, note = load_curves(run_dir)
+    if note:
+        click.secho(f"warning: {note}: the report plots the other records", fg="yellow", err=True)
+    atomic_write_bytes(output, render(run_dir, panels))
     click.echo(f"wrote {output}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +40,87 @@ def finite_or_null(value: Any) -> Any:
     return value
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of a metrics.jsonl; a last line cut short by a kill is skipped."""
-    if not path.exists():
-        return
-    for line in path.read_text().splitlines():
+class MetricsError(ValueError):
+    """A metrics.jsonl line that is not a well-formed record; the message names the file and line."""
+
+
+_NUMBERS = {"train": ("loss", "grad_norm", "lr", "lr_day", "steps_per_s"), "val": ("loss", "per")}
+"""The fields each kind's readers plot: a number, or null for a non-finite value."""
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed line is not a well-formed record (None when it is): a JSON object with a
+    string `kind`; train and val records also an integer step and numbers (or null) where
+    their readers expect them."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    kind = record.get("kind")
+    if not isinstance(kind, str):
+        return f"kind is {kind!r}, not a string"
+    if kind not in _NUMBERS:
+        return None
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"a {kind} record whose step is {step!r}, not an integer >= 0"
+    for key in _NUMBERS[kind]:
+        if not _is_number(record.get(key)):
+            return f"{key} is {record[key]!r}, not a number"
+    groups = record.get("per_session") or {}
+    groups = groups.get("groups") or {} if isinstance(groups, dict) else None
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) and _is_number(g.get("rate"))
+                                               for g in groups.values()):
+        return "per_session is not a mapping of sessions to rates"
+    return None
+
+
+def scan_records(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """(well-formed records, (line number, why) for every other line) of a metrics.jsonl. A last
+    line cut short by a kill (an unterminated JSON prefix) is listed as such."""
+    lines = path.read_bytes().split(b"\n")
+    tail = lines.pop()  # b"" when the file ends with a newline
+    records, skipped = [], []
+    for n, raw in enumerate([*lines, tail] if tail else lines, start=1):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            skipped.append((n, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"))
             continue
-        if isinstance(record, dict):
-            yield record
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            cut = raw is tail and text.isascii() and text.startswith("{")
+            skipped.append((n, "cut short (a run killed mid-write)" if cut else f"not JSON ({e.msg})"))
+            continue
+        problem = record_problem(record)
+        if problem is None:
+            records.append(record)
+        else:
+            skipped.append((n, problem))
+    return records, skipped
+
+
+def skipped_summary(path: Path, skipped: list[tuple[int, str]]) -> str:
+    """`N lines of PATH skipped (line 3: why; ...)`, the first three named."""
+    shown = "; ".join(f"line {n}: {why}" for n, why in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+    return f"{len(skipped)} line{'s' if len(skipped) != 1 else ''} of {path} skipped ({shown})"
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a run's own metrics.jsonl ([] when there is none). A last line cut short
+    by a kill is dropped; any other malformed line raises MetricsError naming it, since a
+    resumed run rewrites the file from these records."""
+    if not path.exists():
+        return []
+    records, skipped = scan_records(path)
+    bad = [(n, why) for n, why in skipped if not why.startswith("cut short")]
+    if bad:
+        raise MetricsError(f"{skipped_summary(path, bad)}: it is not a b2t metrics log as written; move it aside "
+                           "(a resumed run starts a new one) or delete those lines, then run again")
+    return records
 
 
 def scalars(kind: str, record: dict[str, Any]) -> dict[str, float]:
@@ -92,8 +161,13 @@ class MetricsLog:
         return json.dumps(finite_or_null(record), allow_nan=False) + "\n"
 
     def write(self, kind: str, **fields: Any) -> None:
-        with self.path.open("a") as f:
-            f.write(self._line({"kind": kind, **fields}))
+        try:
+            with self.path.open("a") as f:
+                f.write(self._line({"kind": kind, **fields}))
+        except OSError as e:  # a write or close (a full disk) names no file by itself
+            if e.filename is None:
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
+            raise
         if self._writer is not None and "step" in fields:
             for tag, value in scalars(kind, fields).items():
                 self._writer.add_scalar(tag, value, fields["step"])
