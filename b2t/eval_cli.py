@@ -28,6 +28,7 @@ from b2t.decoding import EvalSummary, TrialResult, summarize
 from b2t.evaluate import Evaluator, WordRecipe, decode_words, excluded_trials, submission_rows
 from b2t.words.beam import BeamOptions
 from b2t.words.lexicon import LexiconError
+from b2t.words.ngram import check_arpa
 
 TRIALS_NAME, SUMMARY_NAME = "trials.jsonl", "summary.json"
 
@@ -125,6 +126,8 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
         raise click.UsageError("--csv needs words: pass --lexicon FILE or --cmudict (and --lm)")
     progress = not no_progress
     try:
+        if lm is not None:
+            check_arpa(lm)  # before the model runs: KenLM's own errors name no file
         evaluator = Evaluator(checkpoint, backend, device)
         manifest = Manifest.load(dataset)
         results, compiles = evaluator.run(dataset, split, log_probs=recipe is not None and not recipe.spell,
@@ -133,6 +136,10 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
             results = decode_words(results, recipe, workers=workers, progress=progress)
     except (ConfigError, LexiconError, FileNotFoundError, ValueError) as e:
         fail(str(e))
+    except RuntimeError as e:  # KenLM's FormatLoadException: a file that begins like ARPA but is not
+        if "FormatLoadException" not in str(e):
+            raise
+        fail(f"{lm}: KenLM cannot read it as an ARPA model: {str(e).split('FormatLoadException.')[-1].strip()}")
     excluded = excluded_trials(manifest, split)
     if excluded:
         click.secho(f"warning: b2t-preprocess left out {len(excluded)} {split} trials (e.g. {excluded[0][0]} "

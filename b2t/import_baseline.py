@@ -19,6 +19,8 @@ still gets the right day layers.
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,14 +65,32 @@ def find_checkpoint(path: str | Path) -> Path:
                         f"checkpoint/{CHECKPOINT_NAME} or {CHECKPOINT_NAME})")
 
 
+def refusal_reason(error: BaseException) -> str:
+    """What torch.load(weights_only=True) objected to, in a few words, without torch's advice
+    (which suggests `weights_only=False`: running the pickle's code, the one thing not to do)."""
+    text = str(error)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    line = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", line)
+    if found:
+        return f"it holds a {found.group(1)} object"
+    line = line.split(" Please ")[0].split(" Re-running ")[0]
+    if not line or "weights_only" in line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line[:120]}"
+
+
 def load_baseline(path: Path) -> dict[str, Any]:
     """The checkpoint dict, unpickled with `weights_only=True` (tensors and plain data only)."""
     try:
-        with torch.serialization.safe_globals(_numpy_scalar_globals()):
+        with torch.serialization.safe_globals(_numpy_scalar_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's pickle-protocol notes ask to file torch issues
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError or EOFError by cause
-        raise BaselineError(f"{path}: not loadable with torch.load(weights_only=True) "
-                            f"(refusing to unpickle anything but tensors and plain data): {e}") from None
+        raise BaselineError(f"{path}: not a baseline checkpoint: torch.load(weights_only=True), which rebuilds "
+                            f"only tensors and plain data, cannot read it ({refusal_reason(e)}); b2t never runs "
+                            "other code from a pickle, so this file cannot be imported") from None
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model_state_dict"), Mapping):
         raise BaselineError(f"{path}: not a baseline checkpoint (expected a dict with 'model_state_dict')")
     return ckpt

@@ -91,24 +91,27 @@ def _collect(entries: Iterable[tuple[str, Pronunciation]]) -> Lexicon:
 
 
 def _parse_lines(path: Path) -> Iterator[tuple[str, Pronunciation]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            where = f"{path}:{n}"
-            word, symbols = fields[0], fields[1:]
-            if not is_word(word):
-                raise LexiconError(f"{where}: word {word!r} is not normalised "
-                                   f"(expected lower case letters and apostrophes, e.g. {normalize_text(word)!r})")
-            if not symbols:
-                raise LexiconError(f"{where}: word {word!r} has no phonemes (expected 'word PH1 PH2 ...')")
-            ids = [_phoneme_id(s) for s in symbols]
-            unknown = [s for s, i in zip(symbols, ids) if i is None]
-            if unknown:
-                raise LexiconError(f"{where}: unknown phoneme(s) {unknown} for word {word!r}; "
-                                   f"expected ARPAbet from {list(PHONEMES[1:SILENCE_ID])}")
-            yield word, tuple(ids)
+    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        where = f"{path}:{n}"
+        try:
+            fields = raw.decode("utf-8").split()
+        except UnicodeDecodeError as e:
+            raise LexiconError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                               "expected a lexicon of 'word PH1 PH2 ...' lines") from None
+        if not fields:
+            continue
+        word, symbols = fields[0], fields[1:]
+        if not is_word(word):
+            raise LexiconError(f"{where}: word {word!r} is not normalised "
+                               f"(expected lower case letters and apostrophes, e.g. {normalize_text(word)!r})")
+        if not symbols:
+            raise LexiconError(f"{where}: word {word!r} has no phonemes (expected 'word PH1 PH2 ...')")
+        ids = [_phoneme_id(s) for s in symbols]
+        unknown = [s for s, i in zip(symbols, ids) if i is None]
+        if unknown:
+            raise LexiconError(f"{where}: unknown phoneme(s) {unknown} for word {word!r}; "
+                               f"expected ARPAbet from {list(PHONEMES[1:SILENCE_ID])}")
+        yield word, tuple(ids)
 
 
 def load_lexicon(path: str | Path) -> Lexicon:

@@ -25,8 +25,10 @@ context's distribution sums to one. `<s>` is never predicted (log10 prob -99).
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from b2t.text import normalize_text
 
@@ -134,3 +136,30 @@ def build_arpa(sentences: Iterable[str], order: int = 3) -> str:
     header = ["", "\\data\\", *(f"ngram {n}={len(lines)}" for n, lines in sections)]
     body = [line for n, lines in sections for line in ("", f"\\{n}-grams:", *lines)]
     return "\n".join([*header, *body, "", "\\end\\", ""])
+
+
+KENLM_BINARY_MAGIC = b"mmap lm http://kheafield.com/code"
+"""How a KenLM binary model begins (KenLM reads those as well as ARPA text)."""
+
+
+def check_arpa(path: str | Path) -> None:
+    """Raise ValueError naming `path` unless it begins like an ARPA model (a `\\data\\` line, then
+    `ngram N=COUNT` lines) or a KenLM binary: KenLM's own errors name neither file nor format,
+    and a binary file makes its message undecodable."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if head.startswith(KENLM_BINARY_MAGIC):
+        return
+    expected = "expected an ARPA language model (from `b2t-lm build`): a '\\data\\' line, then 'ngram N=COUNT' lines"
+    try:
+        lines = [line.strip() for line in head.decode("utf-8").splitlines()]
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not just a character cut by the read's end
+            raise ValueError(f"{path}: not UTF-8 text (byte {head[e.start]:#04x} at offset {e.start}): {expected}") from None
+        lines = [line.strip() for line in head[: e.start].decode("utf-8").splitlines()]
+    lines = [line for line in lines if line]
+    if not lines or lines[0] != "\\data\\":
+        first = repr(lines[0][:40]) if lines else "nothing"
+        raise ValueError(f"{path}: its first line is {first}: {expected}")
+    if len(lines) < 2 or not re.fullmatch(r"ngram [1-9][0-9]*=[0-9]+", lines[1]):
+        raise ValueError(f"{path}: line after '\\data\\' is {lines[1][:40] if len(lines) > 1 else 'missing'!r}: {expected}")
