@@ -94,6 +94,7 @@ class NoiseSeparatingConfig:
     noisy_loss_warmup_steps: int = 1000  # steps for w to ramp from 0
     reversal_scale: float = 1.0  # r: the noisy loss's gradient reaches the noise model times -r
     reversal_warmup_steps: int = 1000  # steps for r to ramp from 0
+    zero_noise_estimate: bool = False  # ablation: the estimate is held at 0 (the NoiseModel gets no gradient)
 
     def __post_init__(self) -> None:
         _require(self.noisy_loss_weight >= 0 and self.reversal_scale >= 0,
@@ -337,20 +338,51 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return out
 
 
+BASE_KEY = "base"
+"""A config's optional top-level `base: other.yaml` (relative to the config's own folder): the
+file's sections are merged over that file's, key by key, so a config states only what differs."""
+
+
+def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The raw sections of a YAML config, with its `base:` chain resolved (`BASE_KEY`)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text at byte {e.start} (expected a YAML config)") from None
+    raw = parse_yaml(text, str(path))
+    if raw is None:
+        raise ConfigError(f"{path}: the file is empty (expected sections such as data:, model:, train:); "
+                          "to train with the defaults, pass no --config")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}:1: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    base = raw.pop(BASE_KEY, None)
+    if base is None:
+        return raw
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base={base!r}: expected a file name, e.g. base: baseline.yaml")
+    chain = (*_chain, Path(path).resolve())
+    base_path = (Path(path).parent / base).resolve()
+    if base_path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(base_path):], base_path))
+        raise ConfigError(f"{path}: base: {base} makes a cycle ({cycle}): one of these files must not name a base")
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base: {base}: {base_path} is not a file (the base is found relative to "
+                          f"{Path(path).parent})")
+    return _merged(read_config_file(base_path, chain), raw)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`: mappings merge key by key, any other value replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (None = all defaults), apply overrides, validate."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{path}: not UTF-8 text at byte {e.start} (expected a YAML config)") from None
-        raw = parse_yaml(text, str(path))
-        if raw is None:
-            raise ConfigError(f"{path}: the file is empty (expected sections such as data:, model:, train:); "
-                              "to train with the defaults, pass no --config")
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}:1: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    """Read a YAML config (None = all defaults; `base:` resolved), apply overrides, validate."""
+    raw = read_config_file(path) if path is not None else {}
     try:
         return config_from_dict(apply_overrides(raw, overrides))
     except ConfigError as e:

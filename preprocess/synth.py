@@ -8,6 +8,11 @@ held for a few bins plus noise, and each session mixes and shifts the channels i
 (a near-identity matrix and an offset), so the per-day input layers matter. Optionally
 (`--structured-noise-rank`) each trial also carries a slowly drifting low-rank non-speech
 component, something for a model that separates noise from speech to separate.
+`--preset realistic` (`preprocess.synth_realistic`) makes data on which decoders need far
+more steps: low SNR, coarticulated and overlapping phonemes, drift growing with the days
+between sessions, block offsets and a structured non-speech component. `--ground-truth`
+writes each trial's parts (speech, offset, non-speech; noise is the rest) to `ground_truth.hdf5` beside
+the session folders (docs/data-format.md), for measuring what a model separates.
 
 Everything is derived from `--seed` through independent random streams (one per purpose,
 session and split), so the same seed gives byte-identical files, and changing the number of
@@ -19,11 +24,13 @@ gives about 350-1,900 bins (median about 1,050) and phoneme sequences up to abou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import date, timedelta
+from functools import partial
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,13 @@ LABEL_WIDTH = 500
 """Width of `seq_class_ids` and `transcription` in the real files (zero padded)."""
 FIRST_DAY = date(2023, 8, 11)
 SPEC_NAME = "synth.json"  # written last: its presence marks a finished dataset
+GROUND_TRUTH_NAME = "ground_truth.hdf5"  # beside the session folders: no session file, no folder
+TRUTH_PARTS = ("speech", "offset", "nonspeech")  # the noise is the rest: features - speech - offset - nonspeech
+PRESETS: dict[str, dict[str, Any]] = {
+    "basic": {},
+    "realistic": {"noise_std": 1.0, "drift_std": 0.1, "offset_std": 0.3, "structured_noise_rank": 4},
+}
+"""Each preset's defaults for the general options (any option given explicitly wins)."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +75,12 @@ class SynthSpec:
     structured_noise_rank: int = 0  # K drifting latents per trial; 0 = off (the files as before)
     structured_noise_std: float = 1.0  # of the added component, relative to the patterns' std 1
     structured_noise_timescale: float = 50.0  # bins; the latents' lag-1 autocorrelation is exp(-1/this)
+    preset: str = "basic"  # how speech, drift and offsets are made (PRESETS)
+    ground_truth: bool = False  # also write GROUND_TRUTH_NAME
 
     def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         for name in ("words", "bins_per_phoneme", "rest_bins"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
@@ -87,6 +105,11 @@ class SynthSpec:
         return {"train": self.train_trials, "val": self.val_trials, "test": self.test_trials}
 
 
+def preset_spec(preset: str, **options: Any) -> SynthSpec:
+    """The spec of `preset` (its PRESETS defaults), with `options` on top."""
+    return SynthSpec(preset=preset, **{**PRESETS[preset], **options})
+
+
 @dataclass(frozen=True)
 class SynthSummary:
     trials: int
@@ -107,12 +130,30 @@ class WordModel:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """One trial's features part by part, float32; `total()` is the features as written.
+
+    The basic preset folds its session offset into `speech` (the patterns carry it), so its `offset` is zero.
+    """
+
+    speech: np.ndarray  # (T, F): the phoneme patterns as the session records them
+    offset: np.ndarray  # (F,): session and block offset, constant over the trial
+    nonspeech: np.ndarray  # (T, F): the structured non-speech component (zero when off)
+    noise: np.ndarray  # (T, F): independent white noise
+
+    def total(self) -> np.ndarray:
+        """(T, F) float32: speech + offset + noise + nonspeech, summed in that order."""
+        return self.speech + self.offset + self.noise + self.nonspeech
+
+
+@dataclass(frozen=True)
 class SynthTrial:
     features: np.ndarray  # (T, F) float32
     words: tuple[str, ...]
     labels: tuple[int, ...]  # phoneme ids, SIL after every word
     block: int
     trial: int
+    parts: Parts
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -175,15 +216,15 @@ def session_patterns(patterns: np.ndarray, rng: np.random.Generator, spec: Synth
     return patterns @ mixing + spec.offset_std * rng.standard_normal(FEATURE_DIM)
 
 
-def trial_features(
-    labels: Sequence[int], patterns: np.ndarray, rng: np.random.Generator, spec: SynthSpec
-) -> np.ndarray:
-    """(T, F) float32: rest, each phoneme's (session) pattern held for a few bins, rest; plus noise."""
+def trial_parts(labels: Sequence[int], patterns: np.ndarray, rng: np.random.Generator, spec: SynthSpec) -> Parts:
+    """Rest, each phoneme's (session) pattern held for a few bins, rest; plus noise (no non-speech yet)."""
     durations = rng.integers(spec.bins_per_phoneme[0], spec.bins_per_phoneme[1] + 1, len(labels))
     lead, trail = rng.integers(spec.rest_bins[0], spec.rest_bins[1] + 1, 2)
     ids = np.concatenate([np.zeros(lead, int), np.repeat(labels, durations), np.zeros(trail, int)])  # (T,)
     noise = rng.standard_normal((len(ids), FEATURE_DIM), dtype=np.float32)  # (T, F)
-    return patterns[ids].astype(np.float32) + np.float32(spec.noise_std) * noise
+    zeros = np.zeros((len(ids), FEATURE_DIM), np.float32)
+    return Parts(patterns[ids].astype(np.float32), np.zeros(FEATURE_DIM, np.float32), zeros,
+                 np.float32(spec.noise_std) * noise)
 
 
 def noise_subspace(rng: np.random.Generator, spec: SynthSpec) -> np.ndarray:
@@ -263,10 +304,14 @@ def _padded(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return out
 
 
+def session_days(spec: SynthSpec) -> list[int]:
+    """Each session's calendar day counted from FIRST_DAY: 0, then 1-7 days apart."""
+    return [int(d) for d in np.concatenate([[0], _rng(spec.seed, 4).integers(1, 8, spec.sessions - 1)]).cumsum()]
+
+
 def session_names(spec: SynthSpec) -> list[str]:
-    """`t15.YYYY.MM.DD` from FIRST_DAY on, 1-7 days apart, so name order is date order."""
-    gaps = np.concatenate([[0], _rng(spec.seed, 4).integers(1, 8, spec.sessions - 1)]).cumsum()
-    return [(FIRST_DAY + timedelta(days=int(g))).strftime("t15.%Y.%m.%d") for g in gaps]
+    """`t15.YYYY.MM.DD` on `session_days`, so name order is date order."""
+    return [(FIRST_DAY + timedelta(days=d)).strftime("t15.%Y.%m.%d") for d in session_days(spec)]
 
 
 def generate_trials(
@@ -287,10 +332,10 @@ def generate_trials(
         words = sample_sentence(model, rng, spec.words)
         labels = sentence_phonemes(words, lexicon)
         block, trial = divmod(first + i, spec.trials_per_block)
-        features = trial_features(labels, recorded, rng, spec)
+        parts = trial_parts(labels, recorded, rng, spec)
         if spec.structured_noise_rank:
-            features += structured_noise(len(features), subspace, noise_rng, spec)
-        yield SynthTrial(features, words, labels, block + 1, trial)
+            parts = replace(parts, nonspeech=structured_noise(len(parts.speech), subspace, noise_rng, spec))
+        yield SynthTrial(parts.total(), words, labels, block + 1, trial, parts)
 
 
 def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
@@ -301,31 +346,39 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
     """
     lexicon = load_lexicon()
     model = build_word_model(list(lexicon), _rng(spec.seed, 0))
-    patterns = phoneme_patterns(_rng(spec.seed, 1))
+    generate: Callable[[int, str], Iterator[SynthTrial]]
+    if spec.preset == "realistic":
+        from preprocess import synth_realistic  # it builds on this module's helpers
+
+        tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
+        generate = partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
+    else:
+        generate = partial(generate_trials, spec, model=model, lexicon=lexicon,
+                           patterns=phoneme_patterns(_rng(spec.seed, 1)))
     lengths: list[int] = []
     label_lens: list[int] = []
     used: set[str] = set()
-    for day, session in enumerate(session_names(spec)):
-        (out / session).mkdir(parents=True)
-        for split, name in SPLIT_FILES.items():
-            if spec.trials()[split] == 0:
-                continue
-            with h5py.File(out / session / name, "w") as f:
-                for i, t in enumerate(generate_trials(spec, day, split, model, lexicon, patterns)):
-                    labelled = split != "test"
-                    write_trial(
-                        f,
-                        i,
-                        t.features,
-                        session=session,
-                        block=t.block,
-                        trial=t.trial,
-                        labels=t.labels if labelled else None,
-                        sentence=" ".join(t.words) if labelled else None,
-                    )
-                    lengths.append(len(t.features))
-                    label_lens.append(len(t.labels))
-                    used.update(t.words)
+    out.mkdir(parents=True)
+    with contextlib.ExitStack() as stack:
+        truth = stack.enter_context(h5py.File(out / GROUND_TRUTH_NAME, "w")) if spec.ground_truth else None
+        for day, session in enumerate(session_names(spec)):
+            (out / session).mkdir()
+            for split, name in SPLIT_FILES.items():
+                if spec.trials()[split] == 0:
+                    continue
+                with h5py.File(out / session / name, "w") as f:
+                    for i, t in enumerate(generate(day, split)):
+                        labelled = split != "test"
+                        g = write_trial(f, i, t.features, session=session, block=t.block, trial=t.trial,
+                                        labels=t.labels if labelled else None,
+                                        sentence=" ".join(t.words) if labelled else None)
+                        if truth is not None:
+                            parts = truth.create_group(f"{session}/{split}/{g.name.lstrip('/')}")
+                            for part in TRUTH_PARTS:
+                                parts.create_dataset(part, data=getattr(t.parts, part))
+                        lengths.append(len(t.features))
+                        label_lens.append(len(t.labels))
+                        used.update(t.words)
     corpus_rng = _rng(spec.seed, 5)
     corpus = [sample_sentence(model, corpus_rng, spec.words) for _ in range(spec.corpus_sentences)]
     used.update(w for s in corpus for w in s)
@@ -405,11 +458,31 @@ def read_spec(out: Path) -> SynthSpec | None:
     "phoneme, so it is told apart by being slow.",
 )
 @click.option(
+    "--preset",
+    type=click.Choice(list(PRESETS)),
+    default=SynthSpec.preset,
+    show_default=True,
+    help="realistic: low SNR, coarticulated overlapping phonemes, drift growing with the days between "
+    "sessions, block offsets, non-speech with a part shared across trials (preprocess/synth_realistic.py); "
+    "its defaults: --noise-std 1 --drift-std 0.1 --offset-std 0.3 --structured-noise-rank 4 "
+    "(drift and offset per sqrt(day)); options given explicitly win.",
+)
+@click.option(
+    "--ground-truth",
+    is_flag=True,
+    help=f"Also write each trial's speech, offset and non-speech parts to OUT/{GROUND_TRUTH_NAME} "
+    "(docs/data-format.md); the rest of its features is white noise.",
+)
+@click.option(
     "--overwrite", is_flag=True, help="Replace an earlier b2t-synth dataset in OUT written with other options."
 )
-def main(out: Path, overwrite: bool, **options: Any) -> None:
+@click.pass_context
+def main(ctx: click.Context, out: Path, overwrite: bool, **options: Any) -> None:
     """Write a synthetic Brain-to-Text dataset (session dirs of data_{train,val,test}.hdf5,
     lexicon.txt, corpus.txt) into OUT. Re-running with the same options does nothing."""
+    for name, value in PRESETS[options["preset"]].items():
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT:
+            options[name] = value
     try:
         spec = SynthSpec(**options)
     except ValueError as e:

@@ -31,7 +31,7 @@ from preprocess.synth import (
     read_spec,
     session_patterns,
     structured_noise,
-    trial_features,
+    trial_parts,
     write_dataset,
 )
 
@@ -170,7 +170,7 @@ def test_trial_length_follows_the_spec(
     bins: tuple[int, int], rest: tuple[int, int], labels: list[int], seed: int
 ) -> None:
     spec = SynthSpec(bins_per_phoneme=bins, rest_bins=rest)
-    x = trial_features(labels, np.zeros((41, 512)), np.random.default_rng(seed), spec)
+    x = trial_parts(labels, np.zeros((41, 512)), np.random.default_rng(seed), spec).total()
     assert x.dtype == np.float32 and x.shape[1] == 512
     assert 2 * rest[0] + bins[0] * len(labels) <= len(x) <= 2 * rest[1] + bins[1] * len(labels)
 
@@ -199,7 +199,7 @@ def test_features_carry_the_labels_and_sessions_differ() -> None:
     patterns = phoneme_patterns(np.random.default_rng(1))
     day0, day1 = (session_patterns(patterns, np.random.default_rng(d), spec) for d in (0, 1))
     labels = [16, 11, 25, 40, 36, 12, 21, 9, 40]  # HH EH OW | W ER L D |
-    x = trial_features(labels, day0, np.random.default_rng(2), spec)
+    x = trial_parts(labels, day0, np.random.default_rng(2), spec).total()
     nearest = np.argmin(((x[:, None, :] - day0[None]) ** 2).sum(-1), axis=1)  # (T,)
     runs = [int(k) for i, k in enumerate(nearest) if i == 0 or k != nearest[i - 1]]
     assert [k for k in runs if k != 0] == labels

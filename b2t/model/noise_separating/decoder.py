@@ -100,6 +100,8 @@ class NoiseSeparatingDecoder(nn.Module):
         noise_in = dropped(self.noise.day(features, day_indices), masks.get("noise_input_keep"), p, self.training)
         clean_in = dropped(self.clean.day(features, day_indices), masks.get("clean_input_keep"), p, self.training)
         noise = self.noise.estimate(patches(noise_in, size, stride), masks.get("noise_rnn_keep"))  # (B, P, D)
+        if self.cfg.noise_separating.zero_noise_estimate:  # the ablation without a NoiseModel
+            noise = torch.zeros_like(noise)
         clean_h = self.clean.hidden(patches(clean_in, size, stride), noise, masks.get("clean_rnn_keep"))
         out = {CLEAN_HEAD: self.clean.out(clean_h)}  # (B, P, C)
         if noisy:

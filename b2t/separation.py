@@ -1,0 +1,192 @@
+"""Does a noise-separating model separate? Its noise estimate against synthetic data's ground truth.
+
+`b2t-synth --ground-truth` keeps each trial's speech and non-speech parts
+(`ground_truth.hdf5`, docs/data-format.md). The model subtracts its estimate E from the
+clean path's input, the patches of the clean day layer's output after evaluation
+augmentation (smoothing): Q(x) = patches(clean.day(smooth(x))). A part p of the features
+is mapped into that space as the change it makes there, Q(x) - Q(x - p): were E the
+non-speech part's change N, the clean path would read exactly the features without it.
+With S the speech part's change, per session and pooled over its valid patches:
+
+- `r2` = 1 - sum |E - N|^2 / sum |N|^2: the share of the non-speech part the estimate
+  explains (1: E = N; 0: E = 0; below 0: it adds more than it removes);
+- `leakage` = sum <E, S> / sum |S|^2: the share of the speech part the subtraction takes
+  with it, along the speech part itself (0: E orthogonal to speech; 1: E = S);
+- `truth_leakage`: the same for E = N, the reference: the softsign makes the two parts'
+  changes interact (where they push a channel the same way it saturates), so even the
+  exact non-speech change is not orthogonal to the speech change;
+- `clean_per`, `noisy_per`: greedy PER of the clean head and of the noisy head, which reads
+  phonemes from E (near chance: no speech left in it to read).
+
+Computed trial by trial in f32 on the CPU (training computes in bf16), features rounded to
+bf16 first as the shards store them. Shape legend: T bins, F features, P patches, D = patch width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+
+from b2t.config import AugmentConfig, config_from_dict
+from b2t.contract import FEATURE_DTYPE
+from b2t.metrics import edit_distance, greedy_decode
+from b2t.model.layers import patches
+from b2t.model.noise_separating import NoiseSeparatingDecoder
+from b2t.model.noise_separating.decoder import CLEAN_HEAD, NOISY_HEAD
+from b2t.model.registry import build_model
+from b2t.train.augment import augment
+from b2t.train.checkpoint import load_checkpoint, read_state
+
+GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t does not import preprocess)
+
+
+@dataclass(frozen=True)
+class Separation:
+    r2: float
+    leakage: float
+    truth_leakage: float
+    clean_per: float
+    noisy_per: float
+    trials: int
+
+
+@dataclass
+class Tally:
+    """Sums over patches (and trials) behind `Separation`."""
+
+    err: float = 0.0  # sum |E - N|^2
+    nonspeech: float = 0.0  # sum |N|^2
+    along_speech: float = 0.0  # sum <E, S>
+    truth_along_speech: float = 0.0  # sum <N, S>
+    speech: float = 0.0  # sum |S|^2
+    edits: dict[str, int] = field(default_factory=lambda: {CLEAN_HEAD: 0, NOISY_HEAD: 0})
+    phonemes: int = 0
+    trials: int = 0
+
+    def add_parts(self, estimate: torch.Tensor, nonspeech: torch.Tensor, speech: torch.Tensor) -> None:
+        """One trial's E, N, S: same shape, f32."""
+        self.err += float(((estimate - nonspeech) ** 2).sum())
+        self.nonspeech += float((nonspeech**2).sum())
+        self.along_speech += float((estimate * speech).sum())
+        self.truth_along_speech += float((nonspeech * speech).sum())
+        self.speech += float((speech**2).sum())
+
+    def add_decodes(self, logits: dict[str, torch.Tensor], reference: list[int]) -> None:
+        """One trial's (P, C) logits per head against its reference phonemes."""
+        for head, x in logits.items():
+            (ids,) = greedy_decode(x.argmax(-1)[None], [len(x)])
+            self.edits[head] += edit_distance(ids, reference)
+        self.phonemes += len(reference)
+        self.trials += 1
+
+    def __iadd__(self, other: Tally) -> Tally:
+        for name in ("err", "nonspeech", "along_speech", "truth_along_speech", "speech", "phonemes", "trials"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.edits = {h: self.edits[h] + other.edits[h] for h in self.edits}
+        return self
+
+    def result(self) -> Separation:
+        nan = float("nan")
+        return Separation(
+            r2=1.0 - self.err / self.nonspeech if self.nonspeech else nan,
+            leakage=self.along_speech / self.speech if self.speech else nan,
+            truth_leakage=self.truth_along_speech / self.speech if self.speech else nan,
+            clean_per=self.edits[CLEAN_HEAD] / self.phonemes if self.phonemes else nan,
+            noisy_per=self.edits[NOISY_HEAD] / self.phonemes if self.phonemes else nan,
+            trials=self.trials,
+        )
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """A noise-separating checkpoint's model (CPU, f32, eval mode), session list and augmentation."""
+
+    model: NoiseSeparatingDecoder
+    sessions: list[str]
+    augment: AugmentConfig
+
+
+def load_model(checkpoint: Path) -> Checkpointed:
+    state = read_state(checkpoint)
+    if not state.config or not state.sessions:
+        raise ValueError(f"{checkpoint} stores no config or session list: it cannot be rebuilt on its own")
+    cfg = config_from_dict(state.config)
+    if cfg.model.family != "noise_separating":
+        raise ValueError(f"{checkpoint} is a {cfg.model.family!r} model: only a noise_separating one has an estimate")
+    model = build_model(cfg.model, len(state.sessions), xla=False)
+    load_checkpoint(checkpoint, model)
+    return Checkpointed(model.eval(), list(state.sessions), cfg.augment)
+
+
+def clean_space(model: NoiseSeparatingDecoder, x: torch.Tensor, day: torch.Tensor) -> torch.Tensor:
+    """Q: (1, P, D) clean-path patches of augmented features (1, T, F), day index (1,)."""
+    return patches(model.clean.day(x, day), model.cfg.patch_size, model.cfg.patch_stride)
+
+
+def noise_estimate(model: NoiseSeparatingDecoder, x: torch.Tensor, day: torch.Tensor) -> torch.Tensor:
+    """E: (1, P, D), the NoiseModel's estimate for augmented features (1, T, F), as the forward forms it."""
+    noise = model.noise.estimate(patches(model.noise.day(x, day), model.cfg.patch_size, model.cfg.patch_stride))
+    return torch.zeros_like(noise) if model.cfg.noise_separating.zero_noise_estimate else noise
+
+
+Estimator = Callable[[NoiseSeparatingDecoder, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@torch.no_grad()
+def trial_tally(ckpt: Checkpointed, day: int, features: np.ndarray, parts: dict[str, np.ndarray],
+                reference: list[int], estimate: Estimator = noise_estimate) -> Tally:
+    """One trial: features (T, F) as written, its ground-truth parts, its reference phonemes.
+
+    `estimate`: how E is formed (the model's NoiseModel; tests pass known answers).
+    """
+    model, d = ckpt.model, torch.tensor([day], dtype=torch.int32)
+
+    def smoothed(x: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x, np.float32))[None]
+        return augment(t, torch.tensor([t.shape[1]]), ckpt.augment, train=False)[0]  # (1, T, F)
+
+    x = torch.from_numpy(features).to(FEATURE_DTYPE).to(torch.float32).numpy()  # as the shards store it
+    q = clean_space(model, smoothed(x), d)
+    e = estimate(model, smoothed(x), d)
+    tally = Tally()
+    tally.add_parts(e, q - clean_space(model, smoothed(x - parts["nonspeech"]), d),
+                    q - clean_space(model, smoothed(x - parts["speech"]), d))
+    clean_h = model.clean.hidden(q, e)
+    logits = {CLEAN_HEAD: model.clean.out(clean_h)[0], NOISY_HEAD: model.noisy.out(model.noisy.hidden(e, None))[0]}
+    tally.add_decodes(logits, reference)
+    return tally
+
+
+def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
+                      estimate: Estimator = noise_estimate) -> dict[str, Separation]:
+    """Per session of the checkpoint found in `data` (a b2t-synth folder written with
+    --ground-truth), and "all" pooled: the `Separation` of `split`'s trials."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split {split!r} has no reference phonemes: choose train or val")
+    truth_path = data / GROUND_TRUTH_NAME
+    if not truth_path.is_file():
+        raise ValueError(f"{truth_path} does not exist: write the dataset with b2t-synth --ground-truth")
+    total, out = Tally(), {}
+    with h5py.File(truth_path, "r") as truth:
+        for day, session in enumerate(ckpt.sessions):
+            path = data / session / f"data_{split}.hdf5"
+            if session not in truth or not path.is_file():
+                continue  # a session without this split (or ground truth) has nothing to measure
+            tally = Tally()
+            with h5py.File(path, "r") as f:
+                for name, g in f.items():
+                    parts = {k: v[()] for k, v in truth[f"{session}/{split}/{name}"].items()}
+                    n_labels = int(g.attrs["seq_len"])
+                    tally += trial_tally(ckpt, day, g["input_features"][()], parts,
+                                         g["seq_class_ids"][:n_labels].tolist(), estimate)
+            out[session] = tally.result()
+            total += tally
+    if not out:
+        raise ValueError(f"no session of the checkpoint ({', '.join(ckpt.sessions[:3])}, ...) has {split} "
+                         f"trials with ground truth in {data}")
+    return {**out, "all": total.result()}

@@ -1,0 +1,135 @@
+"""b2t.separation: the report's figures on cases with a known answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from b2t.config import AugmentConfig, GRUConfig, ModelConfig, NoiseSeparatingConfig
+from b2t.model.noise_separating import NoiseSeparatingDecoder
+from b2t.separation import Checkpointed, Tally, clean_space, separation_report
+from preprocess.synth import preset_spec, write_dataset
+
+SESSIONS = 2
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("separation") / "synth"
+    write_dataset(preset_spec("realistic", sessions=SESSIONS, train_trials=1, val_trials=1, test_trials=0, words=(2, 3),
+                              corpus_sentences=0, ground_truth=True), out)
+    return out
+
+
+def tiny_model(**separating: object) -> NoiseSeparatingDecoder:
+    small = GRUConfig(n_units=8, n_layers=1, rnn_dropout=0.0)
+    cfg = ModelConfig(family="noise_separating",
+                      noise_separating=NoiseSeparatingConfig(noise=small, clean=small, noisy=small, **separating))
+    torch.manual_seed(0)
+    return NoiseSeparatingDecoder(SESSIONS, cfg, xla=False).eval()
+
+
+def test_tally_figures_on_known_estimates() -> None:
+    g = torch.Generator().manual_seed(0)
+    speech, nonspeech = torch.zeros(2, 30, 40), torch.zeros(2, 30, 40)
+    speech[..., :20] = torch.randn(2, 30, 20, generator=g)  # disjoint channels: exactly orthogonal
+    nonspeech[..., 20:] = torch.randn(2, 30, 20, generator=g)
+    cases = {  # estimate -> (r2, leakage)
+        "truth": (nonspeech, 1.0, 0.0),
+        "zero": (torch.zeros_like(nonspeech), 0.0, 0.0),
+        "truth + half the speech": (nonspeech + 0.5 * speech, 1.0 - 0.25 * (speech**2).sum() / (nonspeech**2).sum(), 0.5),
+        "the speech": (speech, 1.0 - ((speech**2).sum() + (nonspeech**2).sum()) / (nonspeech**2).sum(), 1.0),
+    }
+    for name, (estimate, r2, leakage) in cases.items():
+        tally = Tally()
+        tally.add_parts(estimate, nonspeech, speech)
+        got = tally.result()
+        assert got.r2 == pytest.approx(float(r2), abs=1e-6), name
+        assert got.leakage == pytest.approx(leakage, abs=1e-6), name
+
+
+def test_tally_per_of_each_head() -> None:
+    """Greedy decodes: frames 0 3 3 0 5 -> [3, 5]; against reference [3, 5, 7] one edit, all blank three."""
+    frames = torch.tensor([0, 3, 3, 0, 5])
+    tally = Tally()
+    tally.add_decodes({"clean": torch.nn.functional.one_hot(frames, 41).float(), "noisy": torch.zeros(5, 41)}, [3, 5, 7])
+    got = tally.result()
+    assert (got.clean_per, got.noisy_per, got.trials) == (1 / 3, 1.0, 1)
+
+
+def test_the_truth_is_mapped_into_the_clean_path_by_its_day_layer_and_patches() -> None:
+    """Q(x) - Q(x - n) against numpy: softsign(x W + b) windows, flattened time-major."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.clean.day.weight[1] = 0.5 * torch.eye(512) + 0.01 * torch.randn(512, 512)
+        model.clean.day.bias[1] = 0.1
+    rng = np.random.default_rng(0)
+    x, n = rng.standard_normal((30, 512), dtype=np.float32), rng.standard_normal((30, 512), dtype=np.float32)
+    day = torch.tensor([1], dtype=torch.int32)
+    got = clean_space(model, torch.from_numpy(x)[None], day) - clean_space(model, torch.from_numpy(x - n)[None], day)
+    w, b = model.clean.day.weight[1].detach().numpy(), model.clean.day.bias[1].detach().numpy()
+
+    def q(v: np.ndarray) -> np.ndarray:
+        y = v @ w + b
+        y = y / (1 + np.abs(y))
+        size, stride = model.cfg.patch_size, model.cfg.patch_stride
+        return np.stack([y[p * stride : p * stride + size].reshape(-1) for p in range((30 - size) // stride + 1)])
+
+    np.testing.assert_allclose(got[0].detach().numpy(), q(x) - q(x - n), atol=1e-5)
+
+
+def _smoothed(x: torch.Tensor, n_bins: int) -> torch.Tensor:
+    from b2t.train.augment import augment
+
+    return augment(x, torch.tensor([n_bins]), AugmentConfig(), train=False)[0]
+
+
+def test_report_on_a_zero_estimate_and_on_the_true_one(data: Path) -> None:
+    """A fresh model's estimate is exactly 0 (its output layer starts at 0): R^2 0, no
+    leakage. An estimator that returns the true non-speech part's change gives R^2 1."""
+    ckpt = Checkpointed(tiny_model(), [p.name for p in sorted(data.glob("t15.*"))], AugmentConfig())
+    zero = separation_report(ckpt, data)
+    assert set(zero) == {*ckpt.sessions, "all"} and zero["all"].trials == SESSIONS
+    assert all(r.r2 == 0.0 and r.leakage == 0.0 for r in zero.values())
+    assert all(0.0 < r.clean_per and 0.0 < r.noisy_per for r in zero.values())
+
+    with h5py.File(data / "ground_truth.hdf5") as truth:
+        nonspeech = [truth[f"{s}/val/trial_0000/nonspeech"][()] for s in ckpt.sessions]
+    queue = iter(nonspeech)  # the report visits sessions in order, then the file's trials in order
+
+    def oracle(model: NoiseSeparatingDecoder, x: torch.Tensor, day: torch.Tensor) -> torch.Tensor:
+        n = torch.from_numpy(next(queue))[None]
+        return clean_space(model, x, day) - clean_space(model, x - _smoothed(n, n.shape[1]), day)
+
+    truth_report = separation_report(ckpt, data, estimate=oracle)
+    for session, r in truth_report.items():
+        assert r.r2 == pytest.approx(1.0, abs=1e-4)
+        assert r.leakage == pytest.approx(r.truth_leakage) == pytest.approx(zero[session].truth_leakage)
+
+
+def test_report_refuses_data_without_ground_truth(tmp_path: Path) -> None:
+    ckpt = Checkpointed(tiny_model(), ["t15.2023.08.11"], AugmentConfig())
+    with pytest.raises(ValueError, match="--ground-truth"):
+        separation_report(ckpt, tmp_path)
+    with pytest.raises(ValueError, match="no reference phonemes"):
+        separation_report(ckpt, tmp_path, "test")
+
+
+def test_zero_estimate_ablation_holds_the_estimate_at_zero() -> None:
+    model = tiny_model(zero_noise_estimate=True)
+    with torch.no_grad():
+        model.noise.out.bias.fill_(1.0)  # a NoiseModel that would estimate something
+    x = torch.randn(1, 40, 512)
+    day = torch.zeros(1, dtype=torch.int32)
+    from b2t.separation import noise_estimate
+
+    assert torch.equal(noise_estimate(model, x, day), torch.zeros(1, 7, 14 * 512))
+    plain = tiny_model()
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        plain.noise.out.bias.zero_()
+    torch.testing.assert_close(model(x, day)["clean"], plain(x, day)["clean"])

@@ -1,0 +1,42 @@
+"""How well a noise-separating checkpoint separates, on b2t-synth data written with --ground-truth.
+
+Prints one row per session and one pooled: R^2 of the noise estimate against the true
+non-speech part, the share of the speech part it takes with it (and the share the true
+non-speech part itself would take, the reference), both heads' greedy PER
+(definitions in b2t/separation.py).
+
+    python tools/separation_report.py runs/noise/best.safetensors data/synth --split val
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from b2t.cli_errors import Command, UserError
+
+
+@click.command(cls=Command)
+@click.argument("checkpoint", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.argument("data", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--split", type=click.Choice(["train", "val"]), default="val", show_default=True,
+              help="A labelled split (test trials have no reference phonemes).")
+def main(checkpoint: Path, data: Path, split: str) -> None:
+    """Separation report of CHECKPOINT on DATA (a b2t-synth folder holding ground_truth.hdf5)."""
+    from b2t.separation import load_model, separation_report
+
+    try:
+        report = separation_report(load_model(checkpoint), data, split)
+    except (ValueError, KeyError) as e:  # OS errors: Command's one line
+        raise UserError(f"{checkpoint} on {data}: {e}") from None
+    click.echo(f"{checkpoint} on {data} ({split})\n")
+    click.echo("| session | trials | R^2 of estimate | speech leakage | (of the true part) | clean head PER | noisy head PER |")
+    click.echo("|---|---|---|---|---|---|---|")
+    for session, r in report.items():
+        click.echo(f"| {session} | {r.trials} | {r.r2:.3f} | {r.leakage:.3f} | {r.truth_leakage:.3f} | "
+                   f"{r.clean_per:.3f} | {r.noisy_per:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
