@@ -6,14 +6,18 @@ with SIGKILL after a random delay (drawn over the first 80% of the reference's w
 so kills land in start-up, warm-up, steps, checkpoint writes and validation) one or two times, then
 rerun with `--resume` until it finishes; a try passes when its final weights hash equals
 the reference. The command is the same every time (`--resume` also starts from scratch
-when the kill came before the first checkpoint). Eager backend on the CPU, tiny config.
+when the kill came before the first checkpoint). Tiny config on the CPU: the eager backend,
+or with `--backend xla`/`openxla` the XLA CPU device (PJRT_DEVICE=CPU; every run compiles its
+graphs again, so a try takes minutes).
 
     python tools/kill_resume.py --tries 10
+    python tools/kill_resume.py --tries 10 --backend xla
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -42,10 +46,11 @@ def make_dataset(work: Path) -> Path:
     return work / "shards"
 
 
-def command(shards: Path, run: Path, resume: bool) -> list[str]:
+def command(shards: Path, run: Path, resume: bool, backend: str) -> list[str]:
     sets = [a for s in SETS for a in ("--set", s)]
-    return [sys.executable, "-c", TRAIN, str(shards), str(run), "--config", str(TINY_CONFIG), "--backend", "eager",
-            "--device", "cpu", "--no-progress", *sets, *(["--resume"] if resume else [])]
+    device = ["--device", "cpu"] if backend == "eager" else []  # the XLA backends take the XLA CPU device
+    return [sys.executable, "-c", TRAIN, str(shards), str(run), "--config", str(TINY_CONFIG), "--backend", backend,
+            *device, "--no-progress", *sets, *(["--resume"] if resume else [])]
 
 
 def final_digest(run: Path) -> str | None:
@@ -65,23 +70,26 @@ def run_to_end(cmd: list[str]) -> None:
 @click.command()
 @click.option("--tries", default=10, show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seeds the kill delays.")
-def main(tries: int, seed: int) -> None:
+@click.option("--backend", type=click.Choice(["eager", "xla", "openxla"]), default="eager", show_default=True,
+              help="The training backend of every run.")
+def main(tries: int, seed: int, backend: str) -> None:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")  # the runs inherit it
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         shards = make_dataset(work)
         t0 = time.perf_counter()
-        run_to_end(command(shards, work / "reference", resume=False))
+        run_to_end(command(shards, work / "reference", resume=False, backend=backend))
         wall = time.perf_counter() - t0
         reference = final_digest(work / "reference")
-        click.echo(f"reference: {wall:.1f} s uninterrupted, weights_sha256 {reference[:16]}...")
+        click.echo(f"{backend}: reference {wall:.1f} s uninterrupted, weights_sha256 {reference[:16]}...")
         same, killed = 0, 0
         for i in range(tries):
             run = work / f"try{i}"
             kills = []
             for _ in range(rng.choice((1, 2))):
                 delay = rng.uniform(0.0, 0.8 * wall)
-                proc = subprocess.Popen(command(shards, run, resume=run.exists()),
+                proc = subprocess.Popen(command(shards, run, resume=run.exists(), backend=backend),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 try:
                     proc.wait(timeout=delay)
@@ -90,7 +98,7 @@ def main(tries: int, seed: int) -> None:
                     proc.wait()
                     had = sorted(p.name for p in run.glob("*.safetensors")) if run.exists() else []
                     kills.append(f"{delay:.1f}s ({', '.join(had) or 'no checkpoint'})")
-            run_to_end(command(shards, run, resume=True))
+            run_to_end(command(shards, run, resume=True, backend=backend))
             digest = final_digest(run)
             same += digest == reference
             killed += bool(kills)
