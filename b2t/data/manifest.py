@@ -162,9 +162,8 @@ class Manifest:
             raise ValueError("sessions must be distinct session names")
         if not all(isinstance(x, dict) for x in (m.splits, m.config)):
             raise ValueError("splits and config must be JSON objects")
-        if not m.buckets or min(min(b.T, b.B, b.L) for b in m.buckets) < 1:
-            raise ValueError("buckets must list at least one shape with T, B and L >= 1")
-        m.patching()
+        if any(min(b.T, b.B, b.L) < 1 for b in m.buckets):
+            raise ValueError("every bucket needs T, B and L >= 1")
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
             raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
         return m
