@@ -60,10 +60,22 @@ def fail(message: str) -> None:
                    "DATASET it plans for the Brain-to-Text '25 data: 45 sessions, trials up to 2,500 bins).")
 @click.option("--device-memory", default=None, metavar="SIZE",
               help="With --plan: memory per device, e.g. 16GiB; prints the largest micro-batch that fits.")
+@click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Persistent compilation cache: compiled graphs are stored in DIR and loaded by later runs "
+                   "(a resume or a rerun on a TPU or GPU skips its compiles; the CPU runtime only writes them).")
+@click.option("--target", default=None, metavar="TPU",
+              help="With --plan: compile every graph of the run with the TPU compiler for this slice (v5e-1, "
+                   "v5e-4, v5e-8, v5e-16, v5e-64, v5e-256, v6e-1, v6e-8, v5p-8, v4-8) on this machine, no TPU "
+                   "needed, and print per bucket and chip the memory, compile time and the compiler's fit "
+                   "verdict (needs the tpu-compile extra; minutes for large models).")
+@click.option("--fit", is_flag=True,
+              help="With --plan --target: also find the most rows per chip of the longest bucket that compile "
+                   "(bisection with the compiler: a few more compiles).")
 def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, plan: bool,
-               device_memory: str | None, init_from: Path | None, verify_data: bool) -> None:
+               device_memory: str | None, init_from: Path | None, verify_data: bool, target: str | None,
+               fit: bool, compile_cache: Path | None) -> None:
     """Train a phoneme decoder (model.family: the reference GRU, or the noise-separating
     three-GRU model) on DATASET (a b2t-preprocess output) into RUN_DIR.
 
@@ -83,6 +95,11 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
         if mesh_cfg is not None:
             overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
         cfg = load_config(config_path, overrides)
+        if plan and target is not None:
+            click.echo(_tpu_check_text(dataset, cfg, target, fit))
+            return
+        if target is not None or fit:
+            raise ValueError("--target and --fit are --plan options: b2t-train --plan --target v5e-8 ...")
         if plan:
             click.echo(_plan_text(dataset, cfg, device_memory))
             return
@@ -92,6 +109,10 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
             raise ValueError("DATASET is required (a b2t-preprocess output; only --plan runs without one)")
         if run_dir is None:
             raise ValueError("RUN_DIR is required (only --plan runs without one)")
+        if compile_cache is not None:
+            from b2t.train.devices import use_compile_cache
+
+            use_compile_cache(compile_cache)
         summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
                                                            progress=not no_progress, device=device,
                                                            init_from=init_from, verify_data=verify_data))
@@ -109,15 +130,10 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     """`--plan`: the memory plan for DATASET's buckets (else the competition data's) on the
     config's mesh, and with --device-memory the mesh of as many devices it recommends (no XLA
     start-up unless --devices all has to count the devices)."""
-    from b2t.data.manifest import Manifest
     from b2t.train.devices import device_count
-    from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS, format_plan, parse_bytes, plan_memory
+    from b2t.train.plan import format_plan, parse_bytes, plan_memory
 
-    if dataset is None:
-        buckets, n_days, source = list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"
-    else:
-        manifest = Manifest.load(dataset)
-        buckets, n_days, source = manifest.buckets, len(manifest.sessions), str(dataset)
+    buckets, n_days, source = _plan_data(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
     mesh = cfg.mesh
     count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
@@ -125,3 +141,29 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     plan = plan_memory(buckets, n_days, cfg, count, spmd=xla and mesh.spmd, fsdp=mesh.fsdp, device_memory=memory)
     return f"planning for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + format_plan(plan, cfg)
 
+
+def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool) -> str:
+    """`--plan --target`: the TPU compiler's report on DATASET's buckets (else the competition data's)."""
+    from b2t.tpu.capture import CaptureError
+    from b2t.tpu.check import run_check
+    from b2t.tpu.compiler import CompilerMissing
+    from b2t.tpu.targets import parse_target
+
+    chosen = parse_target(target)
+    buckets, n_days, source = _plan_data(dataset)
+    try:
+        text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit)
+    except (CompilerMissing, CaptureError) as e:
+        raise ValueError(str(e)) from None
+    return f"checking for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + text
+
+
+def _plan_data(dataset: Path | None) -> tuple[list, int, str]:
+    """(buckets, sessions, what they are) of DATASET's manifest, else of the competition data."""
+    from b2t.data.manifest import Manifest
+    from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS
+
+    if dataset is None:
+        return list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"
+    manifest = Manifest.load(dataset)
+    return manifest.buckets, len(manifest.sessions), str(dataset)

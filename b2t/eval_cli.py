@@ -26,6 +26,7 @@ from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
 from b2t.data.manifest import SPLITS, Manifest
 from b2t.decoding import EvalSummary, TrialResult, summarize
 from b2t.evaluate import Evaluator, WordRecipe, decode_words, excluded_trials, submission_rows
+from b2t.train.devices import use_compile_cache
 from b2t.words.beam import BeamOptions
 from b2t.words.lexicon import LexiconError
 from b2t.words.ngram import check_arpa
@@ -108,10 +109,13 @@ def _word_recipe(lexicon: Path | None, cmudict: bool, lm: Path | None, spell: bo
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes decoding words in parallel (each builds its own decoder).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Persistent compilation cache shared with b2t-train --compile-cache: graphs compiled once are "
+                   "loaded from DIR (on TPU and GPU runtimes; the CPU runtime only writes them).")
 def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, device: str | None,
               out: Path | None, csv_path: Path | None, lexicon: Path | None, cmudict: bool, lm: Path | None,
               spell: bool, beam_size: int, beam_threshold: float, lm_weight: float, word_score: float,
-              sil_score: float, workers: int, no_progress: bool) -> None:
+              sil_score: float, workers: int, no_progress: bool, compile_cache: Path | None) -> None:
     """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT: PER, and words with a lexicon.
 
     Every batch runs once through the training step's fixed-shape eval graph, compiled once
@@ -128,6 +132,8 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
     try:
         if lm is not None:
             check_arpa(lm)  # before the model runs: KenLM's own errors name no file
+        if compile_cache is not None:
+            use_compile_cache(compile_cache)
         evaluator = Evaluator(checkpoint, backend, device)
         manifest = Manifest.load(dataset)
         results, compiles = evaluator.run(dataset, split, log_probs=recipe is not None and not recipe.spell,

@@ -36,3 +36,17 @@ def device_count(xla: bool) -> int:
     import torch
 
     return max(torch.cuda.device_count(), 1)
+
+
+def use_compile_cache(path: str | os.PathLike) -> None:
+    """Keep every compiled XLA executable in `path` and load it from there in later runs (a
+    resumed or repeated run on a TPU or GPU skips its compiles). Call before any XLA work.
+
+    The XLA CPU runtime writes entries but cannot load them back, so on the CPU a second run
+    compiles again (torch_xla 2.9); the results are the same either way.
+    """
+    select_pjrt_device()
+    import torch_xla.runtime as xr
+
+    os.makedirs(path, exist_ok=True)
+    xr.initialize_cache(os.fspath(path), readonly=False)

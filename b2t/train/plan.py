@@ -22,8 +22,8 @@ fsdp > 1, sharded over `fsdp` of them as `b2t.train.mesh.shard_dim` splits them)
                workspace one more copy of the largest activation. Element-wise joins
                between parts (the noise family's patches - estimate) are not counted.
 
-It is a model of what the graph holds, not a measurement; the report of issue 5 compares
-it with the peak memory of a real CPU run.
+It is a model of what the graph holds, not a measurement: `b2t-train --plan --target`
+(`b2t.tpu`) compiles the real step with the TPU compiler and prints both side by side.
 
 Shape legend: r rows per device, T bins, P patches, F = 512 features, H hidden units,
 S = 2L + 1 CTC states, C = 41 classes.
@@ -319,7 +319,8 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> str:
     m, shape = cfg.model, model_shape(cfg.model)
     grus = " + ".join(f"{n}x{H}" for _, H, n in shape.grus)
     lines.append(f"(config: {m.family} family, GRU layers x units {grus}, patch {m.patch_size}/"
-                 f"{m.patch_stride}; an estimate from shapes, nothing was compiled)")
+                 f"{m.patch_stride}; an estimate from shapes, nothing was compiled: add --target v5e-8 (or another "
+                 "TPU slice) for the TPU compiler's own verdict)")
     return "\n".join(lines)
 
 

@@ -1,0 +1,172 @@
+"""`b2t-train --plan --target`: the TPU compiler's verdict on a run, on a machine with no TPU.
+
+    config + buckets + mesh -> trace every graph (b2t.tpu.capture, virtual CPU devices)
+      -> compile each for the target (b2t.tpu.compiler, libtpu) -> per graph and chip:
+         memory, compile seconds, fits or the compiler's refusal; a roofline bound per step
+      -> with `fit`: the most rows per chip of the longest bucket that compile (bisection)
+
+The shape model of `b2t.train.plan` is printed beside the compiler's total, so the two can
+be compared; where the compiler has spoken, its verdict is the answer.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from b2t.config import Config
+from b2t.contract import BucketShape
+from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
+from b2t.tpu.compiler import Compiled, compile_for
+from b2t.tpu.targets import GiB, Target
+
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Checked:
+    graph: Graph
+    compiled: Compiled
+    planned: int | None = None  # the shape model's per-device estimate for a train graph
+
+
+def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: int,
+              report: Callable[[str], None], *, fit: bool = False) -> str:
+    """Trace and compile every graph of a run of `cfg` on `target`; the report as text."""
+    mesh = cfg.mesh
+    # no mesh given (or data=all): data-parallel over every chip, as --devices all would train
+    devices = target.chips if mesh.data == -1 or not mesh.spmd else mesh.data * mesh.fsdp
+    if devices != target.chips:
+        raise ValueError(f"--mesh spans {devices} devices but {target.name} has {target.chips} chips: "
+                         f"give a mesh of {target.chips} (e.g. --mesh data={target.chips})")
+    bad = [b for b in buckets if b.B % devices]
+    if bad:
+        raise ValueError(f"bucket T={bad[0].T} B={bad[0].B} does not split over {devices} chips: "
+                         f"re-run b2t-preprocess with --set data.row_multiple={devices}")
+    with tempfile.TemporaryDirectory(prefix="b2t-tpu-") as tmp:
+        dump = Path(tmp)
+        prepare_process(target.chips, dump)
+        backend = trace_backend(replace(mesh, data=devices // mesh.fsdp))
+        results = [check_graph(target, cfg, n_days, backend, kind, shape, dump, report)
+                   for shape in buckets for kind in ("train", "eval")]
+        text = format_report(target, cfg, devices, results)
+        if fit:
+            longest = max(buckets, key=lambda b: b.T)
+            rows, probes = largest_fitting_rows(target, cfg, n_days, backend, longest, devices, dump, report)
+            text += "\n" + format_fit(longest, rows, devices, probes)
+    return text
+
+
+def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: BucketShape,
+                dump: Path, report: Callable[[str], None]) -> Checked:
+    """Trace one graph of the run and compile it for `target`; a train graph also gets the
+    shape model's estimate (`b2t.train.plan.step_bytes`) for comparison."""
+    from b2t.train.plan import step_bytes, weight_layout
+
+    report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
+    graph = trace(cfg, n_days, backend, kind, shape, dump)
+    report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
+    compiled = compile_for(target, graph.hlo, graph.donors)
+    devices = target.chips
+    planned = None
+    if kind == "train":
+        weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
+        planned = step_bytes(max(shape.B // devices, 1), shape, weights, cfg.model, devices > 1)
+    return Checked(graph, compiled, planned)
+
+
+def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend, shape: BucketShape, devices: int,
+                         dump: Path, report: Callable[[str], None]) -> tuple[int, list[tuple[int, bool]]]:
+    """Most rows per chip of `shape`'s train step the compiler accepts (0: none), by bisection
+    from the bucket's own rows; also each probe (rows per chip, fits)."""
+    probes: list[tuple[int, bool]] = []
+
+    def fits(rows: int) -> bool:
+        report(f"fit probe: {rows} rows per chip of T={shape.T}")
+        graph = trace(cfg, n_days, backend, "train", replace(shape, B=rows * devices), dump)
+        ok = compile_for(target, graph.hlo, graph.donors).fits
+        probes.append((rows, ok))
+        return ok
+
+    lo, hi = 0, max(shape.B // devices, 1)
+    while fits(hi):  # grow until a probe fails
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, probes
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:9.1f}"
+
+
+def format_report(target: Target, cfg: Config, devices: int, results: list[Checked]) -> str:
+    chip = target.chip
+    m = cfg.mesh
+    lines = [f"TPU check: {target.name} ({target.chips} chips of {chip.kind}, {chip.hbm / GiB:.0f} GiB HBM each, "
+             f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
+             "graphs: the trainer's --backend xla train step and eval step per bucket, traced on "
+             f"{devices} virtual CPU devices with placeholder weights, compiled by the TPU compiler (libtpu)",
+             "",
+             f"{'per chip, MiB':22s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'total':>9s}"
+             f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
+    for r in results:
+        g, c = r.graph, r.compiled
+        name = f"{g.kind:5s} T={g.bucket.T} B={g.rows}"
+        planned = f"{r.planned / MiB:9.0f}" if r.planned is not None else f"{'':9s}"
+        if c.memory is None:
+            lines.append(f"{name:22s}{'':54s}{'':8s}{c.seconds:8.1f}s{planned}  {c.refusal}")
+            continue
+        mem = c.memory
+        lines.append(f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
+                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.0%} {c.seconds:7.1f}s{planned}  fits")
+    refused = [r for r in results if not r.compiled.fits]
+    if refused:
+        r = refused[0]
+        verdict = (f"DOES NOT FIT: {len(refused)} of {len(results)} graphs refused by the compiler, first "
+                   f"{r.graph.kind} T={r.graph.bucket.T} B={r.graph.rows}: {r.compiled.refusal}")
+    else:
+        peak = max(results, key=lambda r: r.compiled.memory.total)
+        verdict = (f"fits: every graph compiled; the largest, {peak.graph.kind} T={peak.graph.bucket.T}, needs "
+                   f"{peak.compiled.memory.total / GiB:.2f} GiB of {chip.hbm / GiB:.0f} GiB per chip")
+    compile_s = sum(r.compiled.seconds for r in results)
+    lines += ["", f"verdict (the TPU compiler's): {verdict}",
+              f"compile time on this machine: {compile_s:.0f} s for {len(results)} graphs "
+              f"(a TPU host compiles the same graphs before the first step)",
+              "planner: b2t-train --plan's shape-model estimate of the train step, for comparison", ""]
+    lines += format_roofline(target, results)
+    return "\n".join(lines)
+
+
+def format_roofline(target: Target, results: list[Checked]) -> list[str]:
+    """Per train graph: the compiler's cost analysis against the chip's peak compute and HBM
+    bandwidth, a lower bound on the step time (no overlap loss, no collectives, no host)."""
+    chip = target.chip
+    lines = [f"roofline per chip ({chip.kind}: {chip.peak_bf16 / 1e12:.0f} TFLOP/s bf16, "
+             f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM; cost analysis of each compiled train step):",
+             f"  {'graph':22s}{'GFLOP':>10s}{'GB moved':>10s}{'>= ms/step':>12s}{'<= steps/s':>12s}  bound by"]
+    for r in results:
+        c = r.compiled
+        if r.graph.kind != "train" or c.memory is None:
+            continue
+        compute, memory = c.flops / chip.peak_bf16, c.bytes_accessed / chip.hbm_bandwidth
+        floor = max(compute, memory)
+        lines.append(f"  {'train T=' + str(r.graph.bucket.T) + ' B=' + str(r.graph.rows):22s}{c.flops / 1e9:10.1f}"
+                     f"{c.bytes_accessed / 1e9:10.2f}{floor * 1e3:12.2f}{1 / floor if floor else 0:12.1f}  "
+                     f"{'compute' if compute >= memory else 'HBM bandwidth'}")
+    return lines
+
+
+def format_fit(shape: BucketShape, rows: int, devices: int, probes: list[tuple[int, bool]]) -> str:
+    tried = ", ".join(f"{r}{'' if ok else ' (refused)'}" for r, ok in probes)
+    if rows == 0:
+        return f"largest micro-batch of T={shape.T}: not even 1 row per chip compiles (probes: {tried})"
+    accum = -(-shape.B // (rows * devices))
+    line = (f"largest micro-batch of T={shape.T} the compiler accepts: {rows} rows per chip = {rows * devices} rows "
+            f"(probes, rows per chip: {tried})")
+    if rows * devices < shape.B:
+        line += f"; for {shape.B} rows per step use train.grad_accum={accum} with that micro-batch"
+    return line

@@ -1,0 +1,181 @@
+"""Compile a traced module with the TPU compiler (libtpu) for a target, with no TPU present.
+
+jax's `get_topology_desc` gives compile-only devices of a TPU slice from libtpu alone; their
+client compiles an HLO module as a TPU run's would and reports per-chip memory (arguments,
+outputs, aliased, temp, code) and a cost analysis, or fails with the compiler's own
+out-of-memory message. Three things the module loses on its way from torch_xla to this
+compiler are put back, or the answer is silently wrong:
+- GSPMD: jax's default partitioner (Shardy) ignores torch_xla's GSPMD shardings, so the
+  build options ask for GSPMD partitioning, with outputs keeping the shardings it propagates;
+- donated buffers: re-attached as `jax.buffer_donor` on the arguments the trainer donates;
+- weight shardings traced as annotations on placeholders (`b2t.tpu.capture`) move onto the
+  arguments they annotate, where a sharded device tensor carries them.
+
+Needs the `tpu` extra's libtpu and the `spmd` extra's jax (both pinned to torch_xla's).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from b2t.tpu.targets import Target
+
+
+class CompilerMissing(RuntimeError):
+    """The TPU compiler cannot run here (libtpu or jax missing, or libtpu refused the target);
+    the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Per-chip bytes of one compiled graph, as the TPU compiler assigned them."""
+
+    arguments: int
+    outputs: int
+    aliased: int  # outputs written into donated argument buffers (counted once, in arguments)
+    temp: int
+    code: int
+
+    @property
+    def total(self) -> int:
+        return self.arguments + self.outputs - self.aliased + self.temp + self.code
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """What the TPU compiler said of one graph: memory and costs, or why it does not fit."""
+
+    seconds: float
+    memory: Memory | None  # None when the compiler refused the graph
+    flops: float = 0.0  # per chip, from the executable's cost analysis
+    bytes_accessed: float = 0.0
+    refusal: str = ""  # the compiler's out-of-memory summary (or other error), when memory is None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is not None
+
+
+@functools.cache
+def _topology(target: Target):
+    """libtpu's compile-only devices of `target` (no TPU, no network)."""
+    import importlib.util
+
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # no cloud metadata server to ask
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # several checks at once: no lock on /tmp/libtpu_lockfile
+    if importlib.util.find_spec("libtpu") is None or importlib.util.find_spec("jax") is None:
+        raise CompilerMissing("the TPU check needs the TPU compiler (libtpu) and jax: pip install -e '.[tpu-compile]' "
+                              "(make install does)")
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                            chip_config_name=target.chip_config,
+                                            chips_per_host_bounds=target.host_bounds, num_slices=1)
+    except Exception as e:  # jax's XlaRuntimeError and RuntimeError: name the target and libtpu's reason
+        reason = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise CompilerMissing(f"libtpu could not describe {target.name} ({target.topology}): {reason}") from e
+
+
+def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled:
+    """Compile the HloModuleProto `hlo` for `target`'s chips, `donors` donated."""
+    import numpy as np
+    from jax._src import compiler
+    from jax._src.lib import xla_client
+
+    devices = _topology(target).devices
+    if len(devices) != target.chips:
+        raise RuntimeError(f"libtpu describes {len(devices)} devices for {target.name}, expected {target.chips}")
+    module = _stablehlo(hlo, donors)
+    n = len(devices)
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=n,
+                                           device_assignment=np.array(devices).reshape(1, n))
+    build = options.executable_build_options
+    build.use_shardy_partitioner = False
+    if n > 1:
+        build.use_spmd_partitioning = True
+        build.allow_spmd_sharding_propagation_to_output = [True]
+    t0 = time.perf_counter()
+    try:
+        exe = devices[0].client.compile(module, executable_devices=xla_client.DeviceList(tuple(devices)),
+                                        compile_options=options)
+    except Exception as e:  # the compiler's refusal: XlaRuntimeError (RESOURCE_EXHAUSTED and others)
+        return Compiled(time.perf_counter() - t0, None, refusal=summarise_refusal(str(e)))
+    seconds = time.perf_counter() - t0
+    s = exe.get_compiled_memory_stats()
+    memory = Memory(s.argument_size_in_bytes, s.output_size_in_bytes, s.alias_size_in_bytes,
+                    s.temp_size_in_bytes, s.generated_code_size_in_bytes)
+    cost = exe.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return Compiled(seconds, memory, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
+
+
+_OOM = re.compile(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm\. Exceeded hbm capacity by ([\d.]+[KMGT]?)")
+
+
+def summarise_refusal(message: str) -> str:
+    """The compiler's out-of-memory verdict in one line (`needs 22.32G of 15.75G HBM, 6.57G over`),
+    else the first line of its error."""
+    m = _OOM.search(message)
+    if m:
+        return f"does not fit: needs {m.group(1)} of {m.group(2)} HBM per chip ({m.group(3)} over)"
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "unknown error")
+    return f"compiler error: {first[:300]}"
+
+
+def _stablehlo(hlo: bytes, donors: tuple[int, ...]) -> bytes:
+    """`hlo` as StableHLO bytecode, `donors` marked donated and annotated weight shardings on
+    their arguments (see the module docstring)."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib import _jax
+    from jax._src.lib.mlir import ir
+
+    with mlir.make_ir_context() as context:
+        module = ir.Module.parse(_jax.mlir.hlo_to_stablehlo(hlo), context=context)
+        main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+        block = main.regions[0].blocks[0]
+        attrs = [_as_dict(a) for a in _arg_attrs(main, len(block.arguments))]
+        for i in donors:
+            attrs[i]["jax.buffer_donor"] = ir.BoolAttr.get(True)
+        for i, sharding in _annotated_arguments(block).items():
+            attrs[i].setdefault("mhlo.sharding", sharding)
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(a) for a in attrs])
+        return mlir.module_to_bytecode(module)
+
+
+def _arg_attrs(main, n: int) -> list:
+    """`main`'s argument attribute dicts (None each where it has none)."""
+    from jax._src.lib.mlir import ir
+
+    if "arg_attrs" not in main.attributes:
+        return [None] * n
+    return list(ir.ArrayAttr(main.attributes["arg_attrs"]))
+
+
+def _as_dict(attr) -> dict:
+    from jax._src.lib.mlir import ir
+
+    if attr is None:
+        return {}
+    d = ir.DictAttr(attr)
+    return {d[i].name: d[i].attr for i in range(len(d))}
+
+
+def _annotated_arguments(block) -> dict[int, object]:
+    """Argument index -> the sharding of a `Sharding` custom call applied directly to it."""
+    from jax._src.lib.mlir import ir
+
+    out = {}
+    for op in block.operations:
+        if op.operation.name != "stablehlo.custom_call" or "mhlo.sharding" not in op.attributes:
+            continue
+        if ir.StringAttr(op.attributes["call_target_name"]).value != "Sharding":
+            continue
+        arg = op.operands[0]
+        if isinstance(arg, ir.BlockArgument) or ir.BlockArgument.isinstance(arg):
+            out[ir.BlockArgument(arg).arg_number] = op.attributes["mhlo.sharding"]
+    return out

@@ -1,0 +1,178 @@
+"""The TPU compiler's figures for docs/tpu.md: planner against compiler, the 687M question,
+compile time per bucket, the roofline, and how the cost analysis counts a while-loop.
+
+Each case traces one graph of the trainer (b2t.tpu.capture) and compiles it with libtpu for
+a target, in a fresh process (the trace fixes its CPU device count at start-up), and prints
+one JSON line; the driver prints markdown tables. Minutes per case for the large models on
+a 2-core machine.
+
+    python tools/tpu_figures.py calibration      # tiny / baseline / noise687m, 1 and 8 chips
+    python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback
+    python tools/tpu_figures.py compile-times    # every bucket of baseline (v5e-1) and noise687m (v5e-8)
+    python tools/tpu_figures.py loop-count       # cost analysis vs analytic FLOPs of a recurrence-heavy GRU
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parents[1]
+LONGEST = "2498,64,88"  # the competition's longest bucket (b2t.train.plan.COMPETITION_BUCKETS)
+MESHES_8 = ("data=8", "fsdp=8", "data=2,fsdp=4")
+
+
+@click.group()
+def main() -> None:
+    """Run one figure set; each case in its own process."""
+
+
+@main.command()
+@click.option("--config", required=True)
+@click.option("--target", required=True)
+@click.option("--mesh", default="")
+@click.option("--shape", default=LONGEST, help="T,B,L")
+@click.option("--kinds", default="train")
+@click.option("--set", "overrides", multiple=True)
+@click.option("--days", default=45)
+def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides: tuple[str, ...], days: int) -> None:
+    """One traced and compiled graph per kind, as a JSON line each."""
+    from b2t.config import load_config
+    from b2t.contract import BucketShape
+    from b2t.tpu.capture import prepare_process, trace_backend
+    from b2t.tpu.check import check_graph
+    from b2t.tpu.targets import parse_target
+    from b2t.train.mesh import parse_devices
+
+    t = parse_target(target)
+    mesh_cfg = parse_devices(None, mesh) if mesh else None
+    sets = (*overrides, *((f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}") if mesh_cfg else ()))
+    cfg = load_config(REPO / config, sets)
+    T, B, L = (int(x) for x in shape.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        prepare_process(t.chips, Path(tmp))
+        backend = trace_backend(mesh_cfg)
+        for kind in kinds.split(","):
+            t0 = time.perf_counter()
+            r = check_graph(t, cfg, days, backend, kind, BucketShape(T=T, B=B, L=L), Path(tmp), lambda _: None)
+            c, m = r.compiled, r.compiled.memory
+            print(json.dumps({
+                "config": config, "target": target, "mesh": mesh or "one chip", "kind": kind, "T": T, "B": B,
+                "grad_accum": cfg.train.grad_accum, "fits": c.fits, "refusal": c.refusal,
+                "memory": None if m is None else {**m.__dict__, "total": m.total},
+                "planned": r.planned, "compile_s": c.seconds, "trace_s": r.graph.trace_s,
+                "wall_s": time.perf_counter() - t0, "flops": c.flops, "bytes": c.bytes_accessed,
+                "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+            }), flush=True)
+
+
+def _run(*args: str) -> list[dict]:
+    out = subprocess.run([sys.executable, __file__, "case", *args], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not rows:
+        tail = out.stderr.strip().splitlines()[-3:]
+        print(f"case {' '.join(args)} failed: {' | '.join(tail)}", file=sys.stderr)
+    for r in rows:
+        print(json.dumps(r), file=sys.stderr, flush=True)
+    return rows
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 1024**3:.2f}"
+
+
+@main.command()
+def calibration() -> None:
+    """Planner estimate against the compiler's per-chip total, train step of the longest bucket."""
+    print("| config | target | mesh | planner GiB | compiler GiB | planner/compiler | compiler verdict |")
+    print("|---|---|---|---|---|---|---|")
+    cases = [(c, "v5e-1", "") for c in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml")]
+    cases += [(c, "v5e-8", m) for c in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml")
+              for m in MESHES_8]
+    for config, target, mesh in cases:
+        for r in _run("--config", config, "--target", target, "--mesh", mesh):
+            total = r["memory"]["total"] if r["memory"] else None
+            ratio = f"{r['planned'] / total:.2f}" if total else "-"
+            print(f"| {Path(config).stem} | {target} | {r['mesh']} | {_gib(r['planned'])} | {_gib(total)} | {ratio} | "
+                  f"{'fits' if r['fits'] else r['refusal']} |", flush=True)
+
+
+@main.command()
+def question() -> None:
+    """noise687m at batch 64 in the longest bucket on v5e-8, and the original fallback."""
+    print("| run | mesh | args | out | alias | temp | code | total GiB per chip | verdict | compile s | peak host RAM GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    cases = [("B=64", m, LONGEST, ()) for m in MESHES_8]
+    cases.append(("B=32, grad_accum 2", "data=8", "2498,32,88", ("train.grad_accum=2",)))
+    cases.append(("baseline 44M, B=64 (v5e-1)", "", LONGEST, ()))
+    for name, mesh, shape, sets in cases:
+        config, target = ("configs/baseline.yaml", "v5e-1") if "baseline" in name else ("configs/noise687m.yaml", "v5e-8")
+        args = ["--config", config, "--target", target, "--mesh", mesh, "--shape", shape]
+        for s in sets:
+            args += ["--set", s]
+        for r in _run(*args):
+            m = r["memory"] or {}
+            print(f"| {name} | {r['mesh']} | {_gib(m.get('arguments'))} | {_gib(m.get('outputs'))} | "
+                  f"{_gib(m.get('aliased'))} | {_gib(m.get('temp'))} | {_gib(m.get('code'))} | {_gib(m.get('total'))} | "
+                  f"{'fits' if r['fits'] else r['refusal']} | {r['compile_s']:.0f} | {r['peak_rss_gib']:.1f} |",
+                  flush=True)
+
+
+@main.command("compile-times")
+def compile_times() -> None:
+    """TPU compile seconds per bucket and graph, on this machine."""
+    from b2t.train.plan import COMPETITION_BUCKETS
+
+    print("| config | target | bucket | train compile s | eval compile s | train trace s |")
+    print("|---|---|---|---|---|---|")
+    for config, target, mesh in (("configs/baseline.yaml", "v5e-1", ""), ("configs/noise687m.yaml", "v5e-8", "data=2,fsdp=4")):
+        for b in COMPETITION_BUCKETS:
+            rows = {r["kind"]: r for r in _run("--config", config, "--target", target, "--mesh", mesh,
+                                               "--shape", f"{b.T},{b.B},{b.L}", "--kinds", "train,eval")}
+            if len(rows) == 2:
+                print(f"| {Path(config).stem} | {target} {mesh} | T={b.T} B={b.B} | {rows['train']['compile_s']:.0f} | "
+                      f"{rows['eval']['compile_s']:.0f} | {rows['train']['trace_s']:.0f} |", flush=True)
+
+
+def analytic_train_flops(B: int, T: int, H: int, layers: int, patch: int, stride: int, loop_trips: bool) -> float:
+    """Matmul FLOPs of one train step (backward = 2x forward) of a `gru` model: day layer,
+    GRU input projections, recurrent products (per time step when `loop_trips`, else once),
+    output layer. CTC and element-wise work are left out (small next to these)."""
+    F, C = 512, 41
+    P = (T - patch) // stride + 1
+    D = patch * F
+    day = 2 * B * T * F * F
+    inputs = sum(2 * B * P * (D if i == 0 else H) * 3 * H for i in range(layers))
+    recurrent = layers * 2 * B * 3 * H * H * (P if loop_trips else 1)
+    out = 2 * B * P * H * C
+    return 3 * (day + inputs + recurrent + out)
+
+
+@main.command("loop-count")
+def loop_count() -> None:
+    """Does the cost analysis count a while-loop body once or per trip? A GRU whose recurrent
+    products dominate (H=1024, patch 1) against both analytic counts."""
+    B, T, H, layers = 4, 256, 1024, 1
+    sets = ("model.patch_size=1", "model.patch_stride=1", f"model.gru.n_units={H}", f"model.gru.n_layers={layers}")
+    args = ["--config", "configs/tiny.yaml", "--target", "v5e-1", "--shape", f"{T},{B},8", "--days", "2"]
+    for s in sets:
+        args += ["--set", s]
+    for r in _run(*args):
+        per_trip = analytic_train_flops(B, T, H, layers, 1, 1, True)
+        once = analytic_train_flops(B, T, H, layers, 1, 1, False)
+        print("| cost analysis GFLOP | analytic, loop per trip | analytic, loop body once |")
+        print("|---|---|---|")
+        print(f"| {r['flops'] / 1e9:.2f} | {per_trip / 1e9:.2f} | {once / 1e9:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
