@@ -187,7 +187,7 @@ class Evaluator:
         """Compile each bucket's eval graph before any real batch (`Stepper.warm_up`, the
         recipe training uses too)."""
         with tqdm(total=0, bar_format="{desc}", disable=not progress, dynamic_ncols=True) as bar:
-            report = WarmUpReport(bar)
+            report = WarmUpReport(bar, self.backend)
             self.stepper.warm_up(manifest.buckets, report, log_probs=log_probs)
             report("")
 

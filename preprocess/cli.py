@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Group
+from b2t.cli_errors import Group, UserError
 from b2t.config import ConfigError, load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS
 from preprocess.trials import DataError
@@ -78,7 +78,7 @@ def build(src: Path, out: Path, config_path: Path | None, overrides: tuple[str, 
         report = prepare_dataset(src, out, config, splits=splits, skip_bad=skip_bad, workers=workers,
                                  overwrite=overwrite, progress=progress)
     except (ConfigError, DataError, OutputDirError) as e:
-        raise click.ClickException(str(e)) from None
+        raise UserError(str(e)) from None
     for warning in report.manifest.warnings:
         click.secho(f"warning: {warning} (recorded in {out / MANIFEST_NAME})", fg="yellow", err=True)
     click.echo(summary(report))

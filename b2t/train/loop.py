@@ -240,7 +240,7 @@ def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
 
 def warm_up(run: Run, opts: RunOptions) -> CompileStats:
     """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
-    progress = WarmUpReport(run.bar)
+    progress = WarmUpReport(run.bar, run.backend)
 
     def report(what: str) -> None:
         check_compiles(run, opts, f"in the warm-up, before the {what or 'loop'}")

@@ -315,18 +315,34 @@ class Stepper:
 
 
 class WarmUpReport:
-    """`Stepper.warm_up`'s `report` for a progress bar: says what compiles now, and how long
-    the previous graph took once the next starts."""
+    """`Stepper.warm_up`'s `report`: one line per piece that compiled, e.g. `compiled eval step,
+    bucket T=126 B=16: 2 graphs, 3.1 s`, and none for a piece whose graphs were cached (XLA
+    counts them; inductor's are not counted, so each of its pieces gets a line; eager compiles
+    nothing). On a terminal the bar also says what compiles now; piped output gets only the
+    lines, no carriage-return frames."""
 
-    def __init__(self, bar: tqdm) -> None:
-        self.bar, self.what, self.started = bar, "", time.perf_counter()
+    def __init__(self, bar: tqdm, backend: Backend) -> None:
+        self.bar, self.backend = bar, backend
+        stream = getattr(bar, "fp", None)
+        self.live = not getattr(bar, "disable", True) and bool(getattr(stream, "isatty", lambda: False)())
+        self.what, self.started, self.before = "", time.perf_counter(), self._compiled()
+
+    def _compiled(self) -> int | None:
+        return self.backend.stats().compilations if self.backend.xla else None
 
     def __call__(self, what: str) -> None:
-        if self.what:
-            self.bar.write(f"compiled {self.what}: {time.perf_counter() - self.started:.1f} s")
-        self.what, self.started = what, time.perf_counter()
-        if what:
-            self.bar.set_description_str(f"compiling {what} (first compile can take minutes)")
+        compiled = self._compiled()
+        if self.what and self.backend.name != "eager":
+            seconds = time.perf_counter() - self.started
+            if compiled is None:
+                self.bar.write(f"compiled {self.what}: {seconds:.1f} s")
+            elif compiled > self.before:
+                n = compiled - self.before
+                self.bar.write(f"compiled {self.what}: {n} graph{'s' * (n > 1)}, {seconds:.1f} s")
+        hint = "" if self.what else " (the first compile can take minutes)"
+        self.what, self.started, self.before = what, time.perf_counter(), compiled
+        if what and self.live:
+            self.bar.set_description_str(f"compiling {what}{hint}")
 
 
 TOTAL = "total"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Group
+from b2t.atomic import atomic_write_text
+from b2t.cli_errors import Group, UserError
 from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
 
@@ -30,8 +31,8 @@ def build(corpus: Path, output: Path, order: int) -> None:
     try:
         arpa = build_arpa(_read_corpus(corpus), order=order)
     except ValueError as e:
-        raise click.ClickException(f"{corpus}: {e}") from e
-    output.write_text(arpa, encoding="utf-8")
+        raise UserError(f"{corpus}: {e}") from e
+    atomic_write_text(output, arpa)  # a reader (b2t-eval) never sees half a model
     counts = [line for line in arpa.splitlines() if line.startswith("ngram ")]
     click.echo(f"wrote {output}: {', '.join(counts)}")
 
@@ -47,11 +48,11 @@ def lexicon(corpus: Path, output: Path, source: Path | None) -> None:
     try:
         full = cmu_lexicon() if source is None else load_lexicon(source)
     except LexiconError as e:
-        raise click.ClickException(str(e)) from e
+        raise UserError(str(e)) from e
     vocabulary = corpus_vocabulary(_read_corpus(corpus))
     restricted = full.restrict(vocabulary)
     if not len(restricted):
-        raise click.ClickException(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")
+        raise UserError(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")
     restricted.write(output)
     missing = full.missing(vocabulary)
     click.echo(f"wrote {output}: {len(restricted)} of {len(vocabulary)} corpus words")

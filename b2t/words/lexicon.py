@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from b2t.atomic import atomic_write_text
 from b2t.phonemes import BLANK_ID, PHONEME_IDS, PHONEMES, SILENCE_ID
 from b2t.text import is_word, normalize_text
 
@@ -78,7 +79,7 @@ class Lexicon:
     def write(self, path: str | Path) -> None:
         """Write in the lexicon file format (one `word PH1 PH2 ...` line per pronunciation)."""
         lines = (" ".join((word, *(PHONEMES[i] for i in pron))) for word, pron in self.entries())
-        Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        atomic_write_text(Path(path), "".join(line + "\n" for line in lines))
 
 
 def _collect(entries: Iterable[tuple[str, Pronunciation]]) -> Lexicon:

@@ -74,11 +74,11 @@ def test_help_explains_both_commands():
 
 def test_bad_config_key_is_one_clean_line(synth_tree, tmp_path):
     code, output = _run(synth_tree, tmp_path / "out", "--config", TINY_CONFIG, "--set", "data.batchsize=8")
-    assert code == 1 and "unknown key in section 'data' 'batchsize'; did you mean 'batch_size'?" in output
+    assert code == 2 and "unknown key in section 'data' 'batchsize'; did you mean 'batch_size'?" in output
     bad = tmp_path / "bad.yaml"
     bad.write_text("data:\n  n_bucket: 3\n")
     code, output = _run(synth_tree, tmp_path / "out", "--config", bad)
-    assert code == 1 and "did you mean 'n_buckets'?" in output
+    assert code == 2 and "did you mean 'n_buckets'?" in output
     code, output = _run(synth_tree, tmp_path / "out", "--splits", "train,dev")
     assert code == 2 and "comma-separated subset of train,val,test" in output
 
@@ -96,7 +96,7 @@ def test_bad_trial_fails_naming_it_or_is_excluded(synth_tree, tmp_path):
         write_trial(f, len(f), np.zeros((10, 512), np.float32), session=session, block=9, trial=0,
                     labels=[5, 6], sentence="hi")
     code, output = _run(src, tmp_path / "out", "--config", TINY_CONFIG, "--splits", "val,test", "--no-progress")
-    assert code == 1
+    assert code == 2
     assert f"{session}/data_val.hdf5: trial_0001: input_features has NaN/Inf at row 4, channel 7" in output
     code, output = _run(src, tmp_path / "out", "--config", TINY_CONFIG, "--splits", "val,test", "--skip-bad", "--no-progress")
     assert code == 0 and "exclusions: 2 (listed in" in output, output
@@ -112,7 +112,7 @@ def test_refuses_a_foreign_output_directory(synth_tree, tmp_path):
     out.mkdir()
     (out / "thesis.pdf").write_bytes(b"%PDF")
     code, output = _run(synth_tree, out, "--config", TINY_CONFIG, "--no-progress")
-    assert code == 1 and "is not empty and holds no b2t-preprocess run" in output
+    assert code == 2 and "is not empty and holds no b2t-preprocess run" in output
     assert (out / "thesis.pdf").exists()
 
 

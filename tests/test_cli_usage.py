@@ -1,0 +1,74 @@
+"""Every b2t command ends a usage or input error with exit code 2 (click's own usage errors
+and b2t's one-line errors alike), and `b2t-lm` writes its outputs atomically."""
+
+from __future__ import annotations
+
+import errno
+import os
+from importlib.metadata import entry_points
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from b2t.atomic import is_temp_name
+from b2t.words.cli import main as lm_main
+from preprocess.cli import main as preprocess_main
+
+COMMANDS = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.value.split(".")[0] in ("b2t", "preprocess")}
+
+
+def invocations() -> list[tuple[str, list[str]]]:
+    """Each command line (group subcommands included) with a bad option, and with no argument."""
+    cases = []
+    for name in sorted(COMMANDS):
+        command = COMMANDS[name].load()
+        subs = [[]] + ([[s] for s in command.commands] if isinstance(command, click.Group) else [])
+        for sub in subs:
+            cases += [(name, [*sub, "--no-such-option"]), (name, sub)]
+    return cases
+
+
+def test_every_installed_command_is_checked():
+    assert {"b2t-synth", "b2t-preprocess", "b2t-train", "b2t-lm", "b2t-eval", "b2t-import-baseline",
+            "b2t-report"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize(("name", "args"), invocations(), ids=lambda v: v if isinstance(v, str) else " ".join(v) or "-")
+def test_usage_errors_exit_2(name, args):
+    result = CliRunner().invoke(COMMANDS[name].load(), args)
+    assert result.exit_code == 2, (name, args, result.output)
+    assert "Traceback" not in result.output
+
+
+def test_input_errors_exit_2(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world\n")
+    runner = CliRunner()
+    for command, args, says in [
+        (lm_main, ["build", empty, "-o", tmp_path / "lm.arpa"], "no words"),
+        (lm_main, ["lexicon", corpus, "-o", tmp_path / "lex.txt", "--source", empty], "holds no entries"),
+        (preprocess_main, ["build", tmp_path, tmp_path / "out"], "no session found"),
+    ]:
+        result = runner.invoke(command, [str(a) for a in args])
+        assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_lm_build_replaces_its_output_whole_or_not_at_all(tmp_path, monkeypatch):
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "lm.arpa"
+    corpus.write_text("the cat sat\nthe dog sat\n")
+    out.write_text("the earlier model\n")
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    result = CliRunner().invoke(lm_main, ["build", str(corpus), "-o", str(out)])
+    assert result.exit_code == 2 and "the disk is full" in result.output, result.output
+    assert out.read_text() == "the earlier model\n"
+    assert not [p for p in tmp_path.iterdir() if is_temp_name(p.name)], "no temp file left behind"
+    monkeypatch.undo()
+    assert CliRunner().invoke(lm_main, ["build", str(corpus), "-o", str(out)]).exit_code == 0
+    assert out.read_text().lstrip().startswith("\\data\\")
