@@ -43,7 +43,7 @@ def _rows_ok(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.nda
     if patching is None:
         return True
     size, stride = patching  # sufficient: 2k - 1 <= (n - size) / stride, as repeats < k; else the exact count
-    return not (n_labels * (2 * stride) + (size - stride) > n).any()
+    return not ((n_labels * (2 * stride) + (size - stride) > n) & (n_labels > 0)).any()
 
 
 @functools.cache
