@@ -24,7 +24,6 @@ from b2t import report
 from b2t.atomic import atomic_file
 from b2t.cli_errors import os_error_line
 from b2t.config import TINY_CONFIG, ConfigError, DataConfig, load_config
-from b2t.contract import FIELDS
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, file_sha256
 from b2t.data.mapped_tar import shard_samples
@@ -374,10 +373,3 @@ def test_20_a_pickle_that_is_not_a_checkpoint(tmp_path):
         assert "weights_only=False" not in message and "issue" not in message
     assert "NotAState object" in str(pytest.raises(BaselineError, load_baseline, tmp_path / "other.pt").value)
 
-
-def test_every_contract_field_is_checked_somewhere():
-    """The row checks cover every integer field of the contract (features are verify's)."""
-    from b2t.data import rows
-
-    source = Path(rows.__file__).read_text()
-    assert all(f'"{name}"' in source for name in FIELDS if name != "features")
