@@ -4,6 +4,8 @@ Every path delivers the same batches (the same trials, batch by batch, taken fro
 shards' own meta) through `DataLoader(batch_size=None)`:
 - b2t loader: `b2t.data.loader.train_batches`, the trainer's own stream (WebDataset
   pipeline with the memory-mapped tar stage; tensors view the page-cached shard);
+- no checks: the same stream with its per-row contract checks (`b2t.data.rows`) switched
+  off, so the pair shows what the checks cost;
 - wds stream: the same shards through WebDataset's streaming tar reader and
   `decode_sample` (what the loader did before the mapped stage), for comparison;
 - reference: like the baseline's dataset, each batch opens the HDF5 file of each of its
@@ -40,6 +42,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
 from b2t.config import Config, DataConfig, ModelConfig
+from b2t.data import loader
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.data.sample import decode_sample
@@ -49,7 +52,7 @@ from preprocess.writer import prepare_dataset
 LONG = {"words": (4, 16), "bins_per_phoneme": (12, 32), "rest_bins": (20, 100)}
 """b2t-synth options for the real data's length range (about 350-1,900 bins, median ~1,050)."""
 
-PATHS = ("b2t loader", "wds stream", "reference")
+PATHS = ("b2t loader", "no checks", "wds stream", "reference")
 CONSUMERS = ("read", "copy", "xla")
 Composition = list[tuple[str, str, int]]  # per batch: (file relative to the source, trial group, day index)
 Batches = Callable[[], Iterable[dict[str, torch.Tensor]]]
@@ -155,12 +158,25 @@ def loader_batches(out: Path, manifest: Manifest) -> Iterator:
     return itertools.islice(train_batches(out, manifest, StreamConfig()), n)
 
 
+def unchecked(batches: Batches) -> Batches:
+    """`batches` with the reader's row checks (b2t.data.rows) switched off: the pair shows what they cost."""
+    def run() -> Iterator[dict[str, torch.Tensor]]:
+        saved = loader.row_problems
+        loader.row_problems = lambda *args: []
+        try:
+            yield from batches()
+        finally:
+            loader.row_problems = saved
+    return run
+
+
 def make_paths(src: Path, out: Path) -> dict[str, Batches]:
     manifest = Manifest.load(out)
     wds_urls = [str(out / s.name) for e in manifest.epochs("train") for s in manifest.shards_of("train", e)]
     reference = ReferenceBatches(src, compositions(out, manifest))
     return {
         "b2t loader": lambda: (b.tensors for b in loader_batches(out, manifest)),
+        "no checks": unchecked(lambda: (b.tensors for b in loader_batches(out, manifest))),
         "wds stream": lambda: DataLoader(WdsStream(wds_urls), batch_size=None, num_workers=0),
         "reference": lambda: DataLoader(reference, batch_size=None, num_workers=0),
     }
