@@ -52,7 +52,7 @@ GROUND_TRUTH_NAME = "ground_truth.hdf5"  # beside the session folders: no sessio
 TRUTH_PARTS = ("speech", "offset", "nonspeech")  # the noise is the rest: features - speech - offset - nonspeech
 PRESETS: dict[str, dict[str, Any]] = {
     "basic": {},
-    "realistic": {"noise_std": 1.0, "drift_std": 0.1, "offset_std": 0.3, "structured_noise_rank": 4},
+    "realistic": {"noise_std": 0.5, "drift_std": 0.1, "offset_std": 0.1, "structured_noise_rank": 4},
 }
 """Each preset's defaults for the general options (any option given explicitly wins)."""
 
@@ -464,7 +464,7 @@ def read_spec(out: Path) -> SynthSpec | None:
     show_default=True,
     help="realistic: low SNR, coarticulated overlapping phonemes, drift growing with the days between "
     "sessions, block offsets, non-speech with a part shared across trials (preprocess/synth_realistic.py); "
-    "its defaults: --noise-std 1 --drift-std 0.1 --offset-std 0.3 --structured-noise-rank 4 "
+    "its defaults: --noise-std 0.5 --drift-std 0.1 --offset-std 0.1 --structured-noise-rank 4 "
     "(drift and offset per sqrt(day)); options given explicitly win.",
 )
 @click.option(

@@ -20,7 +20,7 @@ SESSIONS = 2
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("separation") / "synth"
-    write_dataset(preset_spec("realistic", sessions=SESSIONS, train_trials=1, val_trials=1, test_trials=0, words=(2, 3),
+    write_dataset(preset_spec("realistic", sessions=SESSIONS, train_trials=1, val_trials=1, test_trials=0, words=(1, 2),
                               corpus_sentences=0, ground_truth=True), out)
     return out
 

@@ -92,7 +92,7 @@ def test_blocks_share_an_offset_and_sessions_share_a_non_speech_part() -> None:
     train = trials(SPEC, 0)
     assert SPEC.trials_per_block == 2 and train[0].block == train[1].block != train[2].block
     assert np.array_equal(train[0].parts.offset, train[1].parts.offset)
-    assert np.abs(train[0].parts.offset - train[2].parts.offset).mean() > 0.1
+    assert np.abs(train[0].parts.offset - train[2].parts.offset).mean() > 0.5 * realistic.BLOCK_OFFSET_STD
     shared = realistic.shared_noise(80, SPEC, 0)
     assert np.array_equal(realistic.shared_noise(50, SPEC, 0), shared[:50])
     assert not np.allclose(realistic.shared_noise(50, SPEC, 1), shared[:50])
