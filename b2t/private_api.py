@@ -128,3 +128,25 @@ def gru_layer(x: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor]) -> 
     -> (B, P, H); `params` = weight_ih, weight_hh, bias_ih, bias_hh."""
     y, _ = torch._VF.gru(x, h0, params, True, 1, 0.0, False, False, True)
     return y
+
+
+def ctc_alpha(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+              target_lengths: torch.Tensor, blank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CTC kernel (what `F.ctc_loss` calls) on (T, B, C) log-probabilities and int64
+    (B, L) targets and lengths: the per-row NLL (B,), inf for infeasible rows, and the alpha
+    table (B, T, 2 * max(target_lengths) + 1) its backward reads."""
+    return torch.ops.aten._ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths, blank, True)
+
+
+def ctc_alpha_backward(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+                       target_lengths: torch.Tensor, nll: torch.Tensor, alpha: torch.Tensor, blank: int) -> torch.Tensor:
+    """d <grad, nll> / d log_probs (T, B, C) from `ctc_alpha`'s outputs (zero for infeasible rows)."""
+    return torch.ops.aten._ctc_loss_backward.Tensor(grad, log_probs, targets, input_lengths, target_lengths, nll, alpha,
+                                                    blank, True)
+
+
+def graph_breaks() -> int:
+    """Graph breaks dynamo has made in this process (every reason together)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())

@@ -17,6 +17,7 @@ from b2t.private_api import (
     aot_autograd,
     autograd_excluded,
     autograd_inside_op,
+    graph_breaks,
     gru_layer,
     openxla_eval_boxed,
     raise_recompile_limit,
@@ -87,6 +88,20 @@ def test_the_wrapped_private_names_exist():
     assert callable(common.aot_autograd) and callable(bridge.openxla_eval_boxed), "update b2t/private_api.py"
     assert isinstance(torch._dynamo.config.recompile_limit, int), "update b2t/private_api.py"
     assert hasattr(torch._VF, "gru"), "torch._VF.gru is gone: update b2t/private_api.py"
+    for op in ("_ctc_loss", "_ctc_loss_backward"):
+        assert "Tensor" in getattr(torch.ops.aten, op).overloads(), f"aten::{op}.Tensor is gone: update b2t/private_api.py"
+
+
+def test_graph_breaks_counts_dynamos_breaks():
+    def broken(x):
+        return torch.sin(x).sum().item() + 1.0  # .item() breaks the graph
+
+    before = graph_breaks()
+    try:
+        torch.compile(broken, backend="eager")(torch.ones(3))
+    finally:
+        torch._dynamo.reset()
+    assert graph_breaks() > before
 
 
 def test_gru_layer_computes_the_gru_equations():

@@ -8,12 +8,16 @@ Prints four tables (XLA CPU device unless PJRT_DEVICE says otherwise):
      T = 128 that pays the process's one-time costs;
   3. XLA compilations over 50 training steps: b2t on its bucketed shards vs the reference
      padding every batch to its own longest trial (the baseline's loader);
-  4. steady-state steps/s of the tiny config: openxla, xla (lazy), inductor and eager (CPU).
+  4. steady-state steps/s of the tiny config: openxla, xla (lazy), inductor and eager (CPU),
+     and the graph breaks dynamo made in the step (openxla, inductor; 0 expected).
 Both steps run the same tiny model sizes; the reference is the baseline's structure as a
 naive port keeps it: per-day parameters picked with `.item()`, `Tensor.unfold` patching,
 `nn.GRU` (torch_xla's scan GRU) and `F.ctc_loss` (no XLA lowering: runs on the host).
 
-    PJRT_DEVICE=CPU python tools/bench_compile.py [--steps 50] [--out DIR]
+    PJRT_DEVICE=CPU python tools/bench_compile.py [--steps 50] [--out DIR] [--speed-only --rounds 2]
+
+`--speed-only` prints table 4 alone; `--rounds N` measures each backend N times, the
+backends alternating within each round (on a shared, noisy machine).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from b2t.config import TINY_CONFIG, XLA_BACKENDS, Config, load_config
 from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.private_api import graph_breaks
 from b2t.train.backend import make_backend
 from b2t.train.loop import run_model
 from b2t.train.optim import make_optimizer
@@ -185,15 +190,16 @@ def warm_up_counts(pipeline: str, shards: Path, manifest: Manifest, steps: int) 
     return warm - start, compilations() - warm
 
 
-def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) -> float:
-    """Median steady-state steps/s over the same batches, after each shape was seen once."""
+def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) -> tuple[float, int]:
+    """Median steady-state steps/s over the same batches, after each shape was seen once, and
+    the graph breaks dynamo made in all those steps."""
     stepper, device = _stepper(name, manifest)
     batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
     for b in batches:
         stepper.train_step([b], 1)
     stepper.backend.wait()
     times = [timed(lambda: (stepper.train_step([b], i + 2), stepper.backend.wait())) for i, b in enumerate(batches)]
-    return 1.0 / statistics.median(times)
+    return 1.0 / statistics.median(times), graph_breaks()
 
 
 def run_part(part: str, root: Path, args: argparse.Namespace) -> object:
@@ -225,6 +231,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048])
     ap.add_argument("--out", type=Path, default=None, help="where the synthetic data goes (default: a temp dir)")
+    ap.add_argument("--speed-only", action="store_true", help="only the steps/s table")
+    ap.add_argument("--rounds", type=int, default=1, help="steps/s measurements per backend, alternating")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one measurement, run by main itself
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="b2t-bench-compile-"))
@@ -238,6 +246,12 @@ def main() -> None:
     print(f"# b2t compile benchmark, XLA {os.environ.get('PJRT_DEVICE', 'CPU')} device, "
           f"tiny config, {len(manifest.buckets)} buckets")
 
+    if not args.speed_only:
+        compile_tables(root, manifest, args)
+    speed_table(root, args)
+
+
+def compile_tables(root: Path, manifest: Manifest, args: argparse.Namespace) -> None:
     n_buckets = len(manifest.buckets)
     print("\n## XLA compilations per bucket: the trainer's warm-up (train + eval graphs), then after it")
     print(f"| backend | warm-up, per bucket | {args.steps} training steps + eval after the warm-up |\n|---|---|---|")
@@ -264,10 +278,19 @@ def main() -> None:
         print(f"| {'b2t buckets, --backend ' + p if p != 'reference' else 'reference, dynamic padding'} "
               f"| {n_shapes} | {n_compiles} |")
 
-    print("\n## steady-state steps/s, tiny config (median over the same 12 batches)")
-    print("| backend | steps/s |\n|---|---|")
-    for name in (*XLA_BACKENDS, "inductor", "eager"):
-        print(f"| {name} | {in_subprocess(f'speed:{name}', root, args):.2f} |")
+
+def speed_table(root: Path, args: argparse.Namespace) -> None:
+    """Table 4: each figure from a fresh process, the backends in turn `args.rounds` times."""
+    backends = (*XLA_BACKENDS, "inductor", "eager")
+    runs: dict[str, list] = {name: [] for name in backends}
+    for _ in tqdm(range(args.rounds), desc="steps/s rounds"):
+        for name in backends:
+            runs[name].append(in_subprocess(f"speed:{name}", root, args))
+    print("\n## steady-state steps/s, tiny config (median over the same 12 batches; one figure per round)")
+    print("| backend | steps/s | dynamo graph breaks in the step |\n|---|---|---|")
+    for name, results in runs.items():
+        breaks = ", ".join(str(b) for _, b in results) if name in ("openxla", "inductor") else "(no dynamo)"
+        print(f"| {name} | {' / '.join(f'{r:.2f}' for r, _ in results)} | {breaks} |")
 
 
 if __name__ == "__main__":

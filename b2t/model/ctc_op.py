@@ -1,12 +1,17 @@
-"""The CTC negative log-likelihood as one custom op (`b2t::ctc_nll`) and its two kernels.
+"""The CTC negative log-likelihood as custom ops and their kernels.
 
 `ctc_nll` is what `ctc.ctc_loss` calls after checking its inputs. Under `torch.compile`
-it is the custom op: one node for dynamo and AOTAutograd (fake implementation below),
-whose backward is a second op (`b2t::ctc_nll_backward`, d loss / d log_probs by
-recomputation, see `custom_ops`). Kernels: on XLA `scan_nll`, the alpha recursion as one
-XLA while-loop, which the openxla bridge traces into the model's HLO module; on CPU and
-CUDA `native_nll`, torch's `ctc_loss`. Outside a compile the same two functions run
-directly with their own autograd.
+it is one custom op, one node for dynamo and AOTAutograd (fake implementations below),
+whose backward is a second op:
+- on XLA, `b2t::ctc_nll`: `scan_nll`, the alpha recursion as one XLA while-loop, which the
+  openxla bridge traces into the model's HLO module; its backward (`b2t::ctc_nll_backward`)
+  recomputes it (see `custom_ops`);
+- on CPU and CUDA (inductor), `b2t::ctc_native`: torch's CTC kernel, which returns the
+  alpha table it computed; the backward (`b2t::ctc_native_backward`) is torch's own CTC
+  backward on that table, nothing recomputed (`F.ctc_loss` itself cuts dynamo's graph:
+  its alpha table's size depends on the label lengths' values).
+Outside a compile `scan_nll` and `native_nll` (torch's `ctc_loss`) run directly with
+their own autograd.
 
 Values: per-row NLL (B,), f32. Rows whose labels cannot fit their frames are not
 zeroed here (`ctc.ctc_loss` masks them, identically for both kernels).
@@ -15,11 +20,14 @@ Shape legend: B rows, T frames, C classes, L label slots, S = 2L + 1 extended st
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from b2t.contract import LOSS_DTYPE
 from b2t.model.custom_ops import detached_run, recompute_vjp
+from b2t.private_api import ctc_alpha, ctc_alpha_backward
 
 _NEG = -1.0e30
 """Finite stand-in for log(0): -inf would turn logsumexp gradients into NaN."""
@@ -102,19 +110,9 @@ def scan_nll(
     return -torch.logsumexp(torch.stack([last_blank, last_label]), dim=0)  # (B,)
 
 
-def _forward_fn(log_probs: torch.Tensor):
-    return scan_nll if log_probs.device.type == "xla" else native_nll
-
-
-@torch.library.custom_op("b2t::ctc_nll", mutates_args=(), device_types=("cpu", "cuda"))
+@torch.library.custom_op("b2t::ctc_nll", mutates_args=(), device_types="xla")
 def _ctc_nll_op(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
                 target_lengths: torch.Tensor, blank: int) -> torch.Tensor:
-    with torch.no_grad():
-        return native_nll(log_probs, targets, input_lengths, target_lengths, blank).contiguous()
-
-
-@_ctc_nll_op.register_kernel("xla")
-def _(log_probs, targets, input_lengths, target_lengths, blank):
     return detached_run(lambda *t: scan_nll(*t, blank), log_probs, targets, input_lengths, target_lengths)
 
 
@@ -123,11 +121,10 @@ def _(log_probs, targets, input_lengths, target_lengths, blank):
     return log_probs.new_empty((log_probs.shape[0],), dtype=LOSS_DTYPE)
 
 
-@torch.library.custom_op("b2t::ctc_nll_backward", mutates_args=(), device_types=("cpu", "cuda", "xla"))
+@torch.library.custom_op("b2t::ctc_nll_backward", mutates_args=(), device_types="xla")
 def _ctc_nll_backward_op(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
                          input_lengths: torch.Tensor, target_lengths: torch.Tensor, blank: int) -> torch.Tensor:
-    forward = _forward_fn(log_probs)
-    (d_log_probs, *_) = recompute_vjp(lambda *t: forward(*t, blank), grad,
+    (d_log_probs, *_) = recompute_vjp(lambda *t: scan_nll(*t, blank), grad,
                                       [log_probs, targets, input_lengths, target_lengths], [True, False, False, False])
     return d_log_probs.contiguous()
 
@@ -150,9 +147,61 @@ def _backward(ctx, grad):
 _ctc_nll_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _long(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.long() for t in tensors]
+
+
+@torch.library.custom_op("b2t::ctc_native", mutates_args=(), device_types=("cpu", "cuda"))
+def _ctc_native_op(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+                   target_lengths: torch.Tensor, blank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's CTC kernel: NLL (B,) (inf where infeasible) and the alpha table (B, T, S) it
+    saves for the backward, padded with log(0) from 2 * max(target_lengths) + 1 states to S
+    (the kernel sizes it by the longest label; a fake shape cannot depend on values)."""
+    nll, alpha = ctc_alpha(log_probs.transpose(0, 1), *_long(targets, input_lengths, target_lengths), blank)
+    return nll, F.pad(alpha, (0, 2 * targets.shape[1] + 1 - alpha.shape[2]), value=-math.inf)
+
+
+@_ctc_native_op.register_fake
+def _(log_probs, targets, input_lengths, target_lengths, blank):
+    B, T, _ = log_probs.shape
+    return log_probs.new_empty((B,)), log_probs.new_empty((B, T, 2 * targets.shape[1] + 1))
+
+
+@torch.library.custom_op("b2t::ctc_native_backward", mutates_args=(), device_types=("cpu", "cuda"))
+def _ctc_native_backward_op(grad: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
+                            input_lengths: torch.Tensor, target_lengths: torch.Tensor, nll: torch.Tensor,
+                            alpha: torch.Tensor, blank: int) -> torch.Tensor:
+    d = ctc_alpha_backward(grad, log_probs.transpose(0, 1), *_long(targets, input_lengths, target_lengths), nll, alpha,
+                           blank)
+    return d.transpose(0, 1).contiguous()  # (B, T, C)
+
+
+@_ctc_native_backward_op.register_fake
+def _(grad, log_probs, targets, input_lengths, target_lengths, nll, alpha, blank):
+    return torch.empty_like(log_probs, memory_format=torch.contiguous_format)
+
+
+def _setup_native_context(ctx, inputs, output) -> None:
+    *tensors, ctx.blank = inputs
+    ctx.save_for_backward(*tensors, *output)
+
+
+def _native_backward(ctx, grad, _grad_alpha):
+    d_log_probs = torch.ops.b2t.ctc_native_backward(grad.contiguous(), *ctx.saved_tensors, ctx.blank)
+    return d_log_probs, None, None, None, None
+
+
+_ctc_native_op.register_autograd(_native_backward, setup_context=_setup_native_context)
+
+
 def ctc_nll(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
             target_lengths: torch.Tensor, blank: int) -> torch.Tensor:
-    """Per-row CTC NLL (B,) of (B, T, C) f32 log-probabilities: the op when compiling, else a kernel."""
-    if torch.compiler.is_compiling():
+    """Per-row CTC NLL (B,) of (B, T, C) f32 log-probabilities, 0 for infeasible rows on CPU/CUDA:
+    the device's op when compiling, else its kernel."""
+    xla = log_probs.device.type == "xla"
+    if not torch.compiler.is_compiling():
+        return (scan_nll if xla else native_nll)(log_probs, targets, input_lengths, target_lengths, blank)
+    if xla:
         return torch.ops.b2t.ctc_nll(log_probs, targets, input_lengths, target_lengths, blank)
-    return _forward_fn(log_probs)(log_probs, targets, input_lengths, target_lengths, blank)
+    nll, _ = torch.ops.b2t.ctc_native(log_probs, targets, input_lengths, target_lengths, blank)
+    return torch.where(nll.isinf(), 0.0, nll)  # what native_nll's zero_infinity does

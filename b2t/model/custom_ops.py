@@ -1,11 +1,12 @@
-"""What b2t's custom ops (`gru_op`, `ctc_op`) share: the backward by recomputation.
+"""What b2t's XLA custom ops (`gru_op`, `ctc_op`) share: the backward by recomputation.
 
 Both ops are opaque to dynamo and AOTAutograd: one node in the forward graph, one (the
 backward op) in the backward graph, so under `torch.compile(backend="openxla")` their
 XLA kernels (torch_xla scans) are traced into the same HLO modules as the dense layers
-around them. The backward kernel recomputes the differentiable forward (the scan, or
-torch's native kernel) with autograd on and takes its vector-Jacobian product: the
-forward op therefore saves only its inputs, never per-step states. The choice against a
+around them. The backward kernel recomputes the differentiable forward (the scan) with
+autograd on and takes its vector-Jacobian product: the forward op therefore saves only
+its inputs, never per-step states. (The CPU/CUDA ops save what their backward needs
+instead: torch's kernels are fast to run but cost a second forward to recompute.) The choice against a
 hand-written reverse recursion is measured in `tools/bench_compile.py` (see README).
 """
 

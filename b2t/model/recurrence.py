@@ -6,9 +6,12 @@
   while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
   (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
 
+`native_stack_backward` is the CPU/CUDA custom op's backward: the gradients from the
+layers' saved outputs, without running the forward again.
+
 Dropout masks between layers (`keep`) are drawn by the caller, never here: inside a
 compiled graph a random op draws the same numbers at every call. `b2t.model.gru_op` wraps
-both kernels as one custom op, so dynamo sees a single node and never cuts the graph.
+the kernels as custom ops, so dynamo sees a single node and never cuts the graph.
 
 Why not torch_xla's own scan GRU (`torch_xla.experimental.gru`): its traced step is cached
 by input shapes and dtypes but not by the autocast state, so after one call without
@@ -39,23 +42,95 @@ def _layers(weights: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return [weights[i : i + 4] for i in range(0, len(weights), 4)]
 
 
-def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                 keep: torch.Tensor | None) -> torch.Tensor:
-    """Torch's GRU kernel, layer by layer: (B, P, D), (L, B, H) -> (B, P, H) in h0's dtype.
-
-    Runs under autocast to x's dtype when that is below h0's (what the trainer's bf16
-    autocast does around the model; on the CPU autocast keeps the GRU in f32, on CUDA
-    cuDNN computes in bf16). `keep` (L-1, B, P, H): dropout masks between layers, or None.
-    """
+def _native_autocast(x: torch.Tensor, h0: torch.Tensor) -> torch.autocast:
+    """Autocast to x's dtype when that is below h0's (what the trainer's bf16 autocast does
+    around the model): torch's GRU then computes its gates in bf16 (on the CPU: the matmuls
+    and gate activations, with the state in f32; on CUDA cuDNN runs in bf16)."""
     low = x.dtype != h0.dtype
-    y = x
-    with torch.autocast(x.device.type, dtype=x.dtype if low else torch.get_autocast_dtype(x.device.type),
-                        enabled=low):
+    return torch.autocast(x.device.type, dtype=x.dtype if low else torch.get_autocast_dtype(x.device.type),
+                          enabled=low)
+
+
+def native_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                  keep: torch.Tensor | None) -> list[torch.Tensor]:
+    """Torch's GRU kernel, layer by layer: (B, P, D), (L, B, H) -> every layer's output (B, P, H).
+
+    `keep` (L-1, B, P, H): dropout masks applied to each layer's input after the first, or None.
+    """
+    y, outputs = x, []
+    with _native_autocast(x, h0):
         for layer, params in enumerate(_layers(weights)):
             if layer and keep is not None:
                 y = y * keep[layer - 1].to(y.dtype)
             y = gru_layer(y, h0[layer : layer + 1], params)
-    return y.to(h0.dtype)
+            outputs.append(y)
+    return outputs
+
+
+def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                 keep: torch.Tensor | None) -> torch.Tensor:
+    """The last of `native_layers`, (B, P, H) in h0's dtype."""
+    return native_layers(x, h0, weights, keep)[-1].to(h0.dtype)
+
+
+def native_stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                          keep: torch.Tensor | None, states: torch.Tensor) -> list[torch.Tensor]:
+    """Gradients [x, h0, *weights] of <grad, states> from the saved layer outputs `states`.
+
+    `states`, `grad` (L, B, P, H): `native_layers`' outputs stacked (in h0's dtype) and their
+    gradient. Nothing of the forward runs again: each layer's gates are recomputed from its
+    input and its saved outputs for all steps at once (two matmuls under the forward's
+    autocast), and only the recurrence of the state's gradient walks the steps, in h0's dtype.
+    """
+    layers = _layers(weights)
+    d_weights: list[torch.Tensor] = []
+    d_h0: list[torch.Tensor] = []
+    d_y = grad[-1]
+    with torch.autocast(x.device.type, enabled=False):
+        for layer in reversed(range(len(layers))):
+            inp = x if layer == 0 else states[layer - 1] if keep is None else states[layer - 1] * keep[layer - 1]
+            h_prev = torch.cat([h0[layer, :, None], states[layer, :, :-1]], dim=1)  # (B, P, H): state before each step
+            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0))
+            d_weights[:0], d_h0[:0] = grads, [d_state]
+            if layer:
+                d_y = grad[layer - 1] + (d_in if keep is None else d_in * keep[layer - 1])
+    return [d_in.to(x.dtype), torch.stack(d_h0), *(g.to(w.dtype) for g, w in zip(d_weights, weights))]
+
+
+def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, params: list[torch.Tensor],
+                    forward_autocast: torch.autocast) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """One layer: d output (B, P, H), its input (B, P, D), the state before each step (B, P, H)
+    -> d input (B, P, D), d initial state (B, H), d [w_ih, w_hh, b_ih, b_hh], in h_prev's dtype.
+
+    Each gradient of step t is d h_t (g) times a coefficient of the forward's gates, so the
+    coefficients are computed for all steps first and the loop over steps is four small ops:
+    g = d y_t + carry; d gates_h = g * coefficients; carry = g * z + d gates_h @ w_hh.
+    """
+    w_ih, w_hh, b_ih, b_hh = params
+    B, P, H = h_prev.shape
+    acc = h_prev.dtype
+    with forward_autocast:  # the gates as torch's GRU computed them (its op order and dtypes)
+        x_r, x_z, x_n = F.linear(inp, w_ih, b_ih).chunk(3, dim=2)
+        h_r, h_z, h_n = F.linear(h_prev, w_hh, b_hh).chunk(3, dim=2)
+        r, z = torch.sigmoid(h_r + x_r), torch.sigmoid(h_z + x_z)
+        n = torch.tanh(x_n + h_n * r)
+    r, z, n, h_n, h_prev, d_y = (t.to(acc).transpose(0, 1) for t in (r, z, n, h_n, h_prev, d_y))  # (P, B, H)
+    d_n = (1 - z) * (1 - n * n)  # d h_t / d (n's pre-activation)
+    coef = torch.stack([d_n * h_n * r * (1 - r), (h_prev - n) * z * (1 - z), d_n * r], dim=2)  # (P, B, 3, H)
+    g_all, d_gates_h = torch.empty_like(d_y), torch.empty_like(coef)
+    carry, w_hh = torch.zeros_like(d_y[0]), w_hh.to(acc)
+    for t in reversed(range(P)):
+        g = torch.add(d_y[t], carry, out=g_all[t])
+        torch.mul(g[:, None], coef[t], out=d_gates_h[t])
+        carry = torch.addmm(g * z[t], d_gates_h[t].view(B, 3 * H), w_hh)
+    d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2).view(P * B, 3 * H)
+    d_gates_h = d_gates_h.view(P * B, 3 * H)
+    inp = inp.transpose(0, 1).reshape(P * B, -1)
+    with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
+        d_w_ih = (d_gates_x.T @ inp).to(acc)
+        d_in = (d_gates_x @ w_ih).to(acc).view(P, B, -1).transpose(0, 1)
+    d_w_hh = d_gates_h.T @ h_prev.reshape(P * B, H)
+    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum(0)]
 
 
 def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:

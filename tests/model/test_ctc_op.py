@@ -1,6 +1,7 @@
-"""`b2t::ctc_nll` as a custom op: its CPU kernel is torch's `ctc_loss` exactly, its XLA
-kernel (the scan) and its backward op (recomputation) match the float64 native loss, on
-shapes and lengths that include padding rows (length 0) and infeasible rows."""
+"""The CTC custom ops: on the CPU `b2t::ctc_native` (torch's CTC kernel and, from the alpha
+table it saves, torch's CTC backward) is `ctc_loss` exactly; on XLA `b2t::ctc_nll` (the scan,
+its backward by recomputation) matches the float64 native loss; on shapes and lengths that
+include padding rows (length 0), infeasible rows, and labels shorter than their slots."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import torch.nn.functional as F
 import torch_xla
 from hypothesis import given
 
-from b2t.model.ctc import ctc_feasible
-from tests.model.test_ctc import GRAD_ATOL, _native
+from b2t.model.ctc import ctc_feasible, ctc_loss
+from tests.model.test_ctc import GRAD_ATOL, _batch, _native
 from tests.strategies import ctc_batches
 
 DEVICE = torch_xla.device()
@@ -20,7 +21,11 @@ def _op(batch: dict[str, torch.Tensor], device: torch.device) -> tuple[torch.Ten
     """The op's loss, masked as `ctc_loss` masks it, and d sum(loss) / d logits."""
     logits = batch["logits"].to(device).detach().requires_grad_(True)  # a CPU .to(cpu) is the tensor itself
     labels = [batch[k].to(device) for k in ("targets", "input_lengths", "target_lengths")]
-    nll = torch.ops.b2t.ctc_nll(F.log_softmax(logits, dim=-1), *labels, 0)
+    log_probs = F.log_softmax(logits, dim=-1)
+    if device.type == "xla":
+        nll = torch.ops.b2t.ctc_nll(log_probs, *labels, 0)
+    else:
+        nll, _ = torch.ops.b2t.ctc_native(log_probs, *labels, 0)
     loss = torch.where(ctc_feasible(*labels), nll, 0.0)
     loss.sum().backward()
     torch_xla.sync()
@@ -41,3 +46,29 @@ def test_op_kernels_match_native_ctc_in_value_and_gradient(batch):
     torch.testing.assert_close(grad, want_grad.float(), rtol=0, atol=GRAD_ATOL)
     infeasible = ~ctc_feasible(batch["targets"], batch["input_lengths"], batch["target_lengths"])
     assert (loss[infeasible] == 0).all() and (grad[infeasible] == 0).all()
+
+
+def test_compiled_on_the_cpu_it_is_one_graph_with_the_eager_loss_and_gradient():
+    """Under torch.compile on the CPU the loss is `b2t::ctc_native` inside dynamo's graph (where
+    `F.ctc_loss` breaks it), with exactly eager's loss and gradient (AOTAutograd, no codegen)."""
+    batch = _batch(B=3, T=20, L=5, C=41, seed=7)
+    labels = [batch[k] for k in ("targets", "input_lengths", "target_lengths")]
+
+    def loss_and_grad(fn):
+        logits = batch["logits"].clone().requires_grad_(True)
+        loss = fn(logits, *labels)
+        loss.backward()
+        return loss.detach(), logits.grad
+
+    def summed_loss(logits, targets, input_lengths, target_lengths):
+        return ctc_loss(F.log_softmax(logits, dim=-1), targets, input_lengths, target_lengths).sum()
+
+    try:
+        explained = torch._dynamo.explain(summed_loss)(batch["logits"], *labels)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+        assert any("ctc_native" in str(n.target) for n in explained.graphs[0].graph.nodes)
+        compiled = loss_and_grad(torch.compile(summed_loss, backend="aot_eager"))
+    finally:
+        torch._dynamo.reset()
+    for got, want in zip(compiled, loss_and_grad(summed_loss)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
