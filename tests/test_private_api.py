@@ -182,14 +182,14 @@ SCANNED = ("b2t", "preprocess", "tools")
 def _private_uses(path: Path) -> list[str]:
     """`torch...._name` attribute chains and imports of private torch/torch_xla modules or names
     in `path`'s code, aliases followed (`import torch_xla.core.xla_model as xm; xm._x` counts)."""
-    tree = ast.parse(path.read_text(), str(path))
+    nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
     aliases = {root: root for root in PRIVATE_ROOTS}
     found = []
 
     def private(dotted: str) -> bool:
         return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
 
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.split(".")[0] in PRIVATE_ROOTS:
@@ -201,8 +201,8 @@ def _private_uses(path: Path) -> list[str]:
                 aliases[a.asname or a.name] = f"{node.module}.{a.name}"
                 if private(f"{node.module}.{a.name}"):
                     found.append(f"{path}:{node.lineno} from {node.module} import {a.name}")
-    inner_links = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    for node in ast.walk(tree):
+    inner_links = {id(n.value) for n in nodes if isinstance(n, ast.Attribute)}
+    for node in nodes:
         if isinstance(node, ast.Attribute) and id(node) not in inner_links:  # whole chains only
             chain, inner = [node.attr], node.value
             while isinstance(inner, ast.Attribute):
