@@ -58,3 +58,19 @@ def test_a_terminal_also_sees_what_compiles_now(capsys):
 def test_uncounted_compilers_report_each_piece_and_eager_none(capsys, backend, n_lines):
     lines, _ = run_warm_up(backend, io.StringIO(), capsys)
     assert len(lines) == n_lines and all(line.startswith("compiled ") for line in lines)
+
+
+def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one(capsys):
+    import torch
+
+    from b2t.train.backend import make_backend
+
+    backend = make_backend("xla")
+    x = torch.arange(21.0).reshape(7, 3).to(backend.device)
+    with tqdm(total=0, bar_format="{desc}", file=io.StringIO()) as bar:
+        report = WarmUpReport(bar, backend)
+        for what in ("a new graph", "the same graph again"):
+            report(what)
+            (x * 7.25 - 0.5).cpu()  # a graph no other test compiles; the second time it is cached
+        report("")
+    assert [line.rsplit(",", 1)[0] for line in capsys.readouterr().out.splitlines()] == ["compiled a new graph: 1 graph"]
