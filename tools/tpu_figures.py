@@ -10,6 +10,7 @@ a 2-core machine.
     python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback
     python tools/tpu_figures.py compile-times    # every bucket of baseline (v5e-1) and noise687m (v5e-8)
     python tools/tpu_figures.py loop-count       # cost analysis vs analytic FLOPs of a recurrence-heavy GRU
+    python tools/tpu_figures.py targets          # the tiny step on every slice, v5e-64 (16 hosts) included
 """
 
 from __future__ import annotations
@@ -141,6 +142,23 @@ def compile_times() -> None:
             if len(rows) == 2:
                 print(f"| {Path(config).stem} | {target} {mesh} | T={b.T} B={b.B} | {rows['train']['compile_s']:.0f} | "
                       f"{rows['eval']['compile_s']:.0f} | {rows['train']['trace_s']:.0f} |", flush=True)
+
+
+@main.command()
+def targets() -> None:
+    """Every slice compiles: the tiny config's train step (B=64, T=254) on each, data-parallel
+    over its chips (v5e-64: a 16 x 4 data x fsdp mesh over 16 hosts' chips)."""
+    from b2t.tpu.targets import TARGETS
+
+    print("| target | chips | mesh | total MiB per chip | compile s | verdict |")
+    print("|---|---|---|---|---|---|")
+    for target, mesh in (("v5e-1", ""), ("v5e-4", "data=4"), ("v5e-8", "data=8"), ("v6e-8", "data=8"),
+                         ("v5p-8", "data=4"), ("v4-8", "data=4"), ("v5e-64", "data=16,fsdp=4")):
+        for r in _run("--config", "configs/tiny.yaml", "--target", target, "--mesh", mesh, "--shape", "254,64,32",
+                      "--days", "5"):
+            total = f"{r['memory']['total'] / 1024**2:.1f}" if r["memory"] else "-"
+            print(f"| {target} | {TARGETS[target].chips} | {r['mesh']} | {total} | {r['compile_s']:.0f} | "
+                  f"{'fits' if r['fits'] else r['refusal']} |", flush=True)
 
 
 def analytic_train_flops(B: int, T: int, H: int, layers: int, patch: int, stride: int, loop_trips: bool) -> float:

@@ -115,14 +115,22 @@ def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled
 
 
 _OOM = re.compile(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm\. Exceeded hbm capacity by ([\d.]+[KMGT]?)")
+_TOO_BIG = re.compile(r"Allocation \(size=(\d+)\) would exceed memory \(size=(\d+)\).*?shape = '([^']+)'.*?tag = '([^']*)'",
+                      re.S)
 
 
 def summarise_refusal(message: str) -> str:
-    """The compiler's out-of-memory verdict in one line (`needs 22.32G of 15.75G HBM, 6.57G over`),
+    """The compiler's out-of-memory verdict in one line: all buffers together (`needs 22.32G of
+    15.75G HBM`) or one buffer larger than the chip (`one buffer of 32.8 GiB, bf16[...] ...`);
     else the first line of its error."""
     m = _OOM.search(message)
     if m:
         return f"does not fit: needs {m.group(1)} of {m.group(2)} HBM per chip ({m.group(3)} over)"
+    m = _TOO_BIG.search(message)
+    if m:
+        size, limit = int(m.group(1)), int(m.group(2))
+        return (f"does not fit: one buffer of {size / 1024**3:.1f} GiB ({m.group(3).split('{')[0]}, {m.group(4)}) "
+                f"exceeds the chip's {limit / 1024**3:.1f} GiB")
     first = next((line.strip() for line in message.splitlines() if line.strip()), "unknown error")
     return f"compiler error: {first[:300]}"
 
