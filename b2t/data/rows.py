@@ -30,20 +30,26 @@ def _first(mask: np.ndarray) -> int:
 
 def _rows_ok(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray, days: np.ndarray,
              shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None) -> bool:
-    """The fast path: True when every row is fine, in about 20 numpy calls (the unsigned views
-    turn "0 <= x <= hi" into one max). A False goes on to `row_problems`' detailed look."""
-    u = np.uint32
-    if n.view(u).max() > shape.T or ((n > 0) != valid).any():  # valid rows 1..T, padding rows 0
+    """The fast path: True when every row is fine, in about 20 numpy calls (the unsigned view
+    turns "0 <= x <= hi" into one max per field). A False goes on to `row_problems`' detailed look."""
+    scalars = np.stack((n, n_labels, days)).view(np.uint32)  # (3, B)
+    if (scalars.max(axis=1) > _limits(shape.T, shape.L, n_sessions)).any():
         return False
-    if n_labels.view(u).max() > shape.L or ((n_labels > 0) > valid).any() or days.view(u).max() >= n_sessions:
+    if ((n > 0) != valid).any() or ((n_labels > 0) > valid).any():  # valid rows have bins, padding rows nothing
         return False
     nonzero = ids != 0  # (B, L)
-    if ids.view(u).max() > SILENCE_ID or (nonzero != (_positions(shape.L) < n_labels[:, None])).any():
+    if ids.view(np.uint32).max() > SILENCE_ID or (nonzero != (_positions(shape.L) < n_labels[:, None])).any():
         return False
     if patching is None:
         return True
-    size, stride = patching  # sufficient: 2k - 1 <= (n - size) / stride, as repeats < k; else the exact count
-    return not ((n_labels * (2 * stride) + (size - stride) > n) & (n_labels > 0)).any()
+    size, stride = patching  # CTC: labels + repeats <= (n - size) // stride + 1 frames, for labelled rows
+    needed = n_labels + ((ids[:, 1:] == ids[:, :-1]) & nonzero[:, 1:]).sum(axis=1)  # (B,)
+    return not (((needed - 1) * stride > n - size) & (n_labels > 0)).any()
+
+
+@functools.cache
+def _limits(T: int, L: int, n_sessions: int) -> np.ndarray:
+    return np.array([T, L, n_sessions - 1], dtype=np.int64)  # the largest n_time_steps, phone_seq_lens, day index
 
 
 @functools.cache
