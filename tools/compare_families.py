@@ -75,19 +75,27 @@ def f32_compute(on: bool):
         Backend.autocast = saved
 
 
+def _records(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_every: int) -> dict[str, Any]:
-    """One eager run; its val PER at each validation, steps/s and wall time."""
+    """One eager run (or the one already finished in `run`); its val PER at each validation,
+    steps/s and wall time (None for a run finished before)."""
     from b2t.train.loop import RunOptions, train
 
     config, sets = VARIANTS[variant]
     sets = [*sets, "train.backend=eager", f"train.steps={steps}", f"optim.decay_steps={steps}",
             f"train.val_every={val_every}", "train.log_every=10", f"train.checkpoint_every={steps}",
             f"train.seed={seed}"]
-    shutil.rmtree(run, ignore_errors=True)
-    start = time.perf_counter()
-    train(shards, run, load_config(config, sets), RunOptions(progress=False, device="cpu"))
-    wall = time.perf_counter() - start
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    wall = None
+    if not any(r["kind"] == "summary" and r["steps"] == steps for r in _records(run)):
+        shutil.rmtree(run, ignore_errors=True)
+        start = time.perf_counter()
+        train(shards, run, load_config(config, sets), RunOptions(progress=False, device="cpu"))
+        wall = time.perf_counter() - start
+    records = _records(run)
     rates = [r["steps_per_s"] for r in records if r["kind"] == "train"][1:]  # the first interval holds start-up
     val = {r["step"]: r["per"] for r in records if r["kind"] == "val"}
     return {"val_per": val, "per": val[max(val)], "steps_per_s": statistics.median(rates), "wall_s": wall}
@@ -97,8 +105,7 @@ def separation(run: Path, hdf5: Path) -> dict[str, float]:
     """The separation report of a noise-family run's last checkpoint on the val split, pooled over sessions."""
     from b2t.separation import load_model, separation_report
 
-    model, sessions = load_model(run / "last.safetensors")
-    return asdict(separation_report(model, sessions, hdf5, "val")["all"])
+    return asdict(separation_report(load_model(run / "last.safetensors"), hdf5, "val")["all"])
 
 
 def _read(log: Path) -> list[dict[str, Any]]:
@@ -124,8 +131,9 @@ def print_table(results: list[dict[str, Any]], conditions: list[str], variants: 
                 continue
             cells = [_cell([r[k] for r in rows if k in r]) for k in keys]
             rate = statistics.mean(r["steps_per_s"] for r in rows)
-            wall = statistics.mean(r["wall_s"] for r in rows)
-            print(f"| {condition} | {variant} | {' | '.join(cells)} | {rate:.2f} | {wall:.0f} |")
+            walls = [r["wall_s"] for r in rows if r["wall_s"] is not None]
+            wall = f"{statistics.mean(walls):.0f}" if walls else "-"
+            print(f"| {condition} | {variant} | {' | '.join(cells)} | {rate:.2f} | {wall} |")
 
 
 @click.command()
