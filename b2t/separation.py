@@ -12,6 +12,9 @@ With S the speech part's change, per session and pooled over its valid patches:
   explains (1: E = N; 0: E = 0; below 0: it adds more than it removes);
 - `leakage` = sum <E, S> / sum |S|^2: the share of the speech part the subtraction takes
   with it, along the speech part itself (0: E orthogonal to speech; 1: E = S);
+- `energy` = sum |E|^2 / sum |N|^2 and `cosine` = sum <E, N> / sqrt(sum |E|^2 sum |N|^2):
+  how large the estimate is, and how far it points along the non-speech part (R^2 =
+  2 cosine sqrt(energy) - energy, so a negative R^2 tells one of them apart from the other);
 - `truth_leakage`: the same for E = N, the reference: the softsign makes the two parts'
   changes interact (where they push a channel the same way it saturates), so even the
   exact non-speech change is not orthogonal to the speech change;
@@ -24,6 +27,7 @@ bf16 first as the shards store them. Shape legend: T bins, F features, P patches
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +52,8 @@ GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t do
 @dataclass(frozen=True)
 class Separation:
     r2: float
+    energy: float
+    cosine: float
     leakage: float
     truth_leakage: float
     clean_per: float
@@ -61,6 +67,8 @@ class Tally:
 
     err: float = 0.0  # sum |E - N|^2
     nonspeech: float = 0.0  # sum |N|^2
+    estimate: float = 0.0  # sum |E|^2
+    along_nonspeech: float = 0.0  # sum <E, N>
     along_speech: float = 0.0  # sum <E, S>
     truth_along_speech: float = 0.0  # sum <N, S>
     speech: float = 0.0  # sum |S|^2
@@ -72,6 +80,8 @@ class Tally:
         """One trial's E, N, S: same shape, f32."""
         self.err += float(((estimate - nonspeech) ** 2).sum())
         self.nonspeech += float((nonspeech**2).sum())
+        self.estimate += float((estimate**2).sum())
+        self.along_nonspeech += float((estimate * nonspeech).sum())
         self.along_speech += float((estimate * speech).sum())
         self.truth_along_speech += float((nonspeech * speech).sum())
         self.speech += float((speech**2).sum())
@@ -85,7 +95,8 @@ class Tally:
         self.trials += 1
 
     def __iadd__(self, other: Tally) -> Tally:
-        for name in ("err", "nonspeech", "along_speech", "truth_along_speech", "speech", "phonemes", "trials"):
+        for name in ("err", "nonspeech", "estimate", "along_nonspeech", "along_speech", "truth_along_speech", "speech",
+                     "phonemes", "trials"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.edits = {h: self.edits[h] + other.edits[h] for h in self.edits}
         return self
@@ -94,6 +105,8 @@ class Tally:
         nan = float("nan")
         return Separation(
             r2=1.0 - self.err / self.nonspeech if self.nonspeech else nan,
+            energy=self.estimate / self.nonspeech if self.nonspeech else nan,
+            cosine=self.along_nonspeech / math.sqrt(self.estimate * self.nonspeech) if self.estimate * self.nonspeech else nan,
             leakage=self.along_speech / self.speech if self.speech else nan,
             truth_leakage=self.truth_along_speech / self.speech if self.speech else nan,
             clean_per=self.edits[CLEAN_HEAD] / self.phonemes if self.phonemes else nan,

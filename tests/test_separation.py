@@ -41,6 +41,7 @@ def test_tally_figures_on_known_estimates() -> None:
     cases = {  # estimate -> (r2, leakage)
         "truth": (nonspeech, 1.0, 0.0),
         "zero": (torch.zeros_like(nonspeech), 0.0, 0.0),
+        "half the truth": (0.5 * nonspeech, 0.75, 0.0),
         "truth + half the speech": (nonspeech + 0.5 * speech, 1.0 - 0.25 * (speech**2).sum() / (nonspeech**2).sum(), 0.5),
         "the speech": (speech, 1.0 - ((speech**2).sum() + (nonspeech**2).sum()) / (nonspeech**2).sum(), 1.0),
     }
@@ -50,6 +51,11 @@ def test_tally_figures_on_known_estimates() -> None:
         got = tally.result()
         assert got.r2 == pytest.approx(float(r2), abs=1e-6), name
         assert got.leakage == pytest.approx(leakage, abs=1e-6), name
+        if name != "zero":
+            assert got.r2 == pytest.approx(2 * got.cosine * got.energy**0.5 - got.energy, abs=1e-6), name
+    tally = Tally()
+    tally.add_parts(0.5 * nonspeech, nonspeech, speech)
+    assert (tally.result().energy, tally.result().cosine) == (pytest.approx(0.25), pytest.approx(1.0))
 
 
 def test_tally_per_of_each_head() -> None:

@@ -1,9 +1,9 @@
 """How well a noise-separating checkpoint separates, on b2t-synth data written with --ground-truth.
 
 Prints one row per session and one pooled: R^2 of the noise estimate against the true
-non-speech part, the share of the speech part it takes with it (and the share the true
-non-speech part itself would take, the reference), both heads' greedy PER
-(definitions in b2t/separation.py).
+non-speech part (with the estimate's energy relative to that part and its cosine with it),
+the share of the speech part it takes with it (and the share the true non-speech part itself
+would take, the reference), both heads' greedy PER (definitions in b2t/separation.py).
 
     python tools/separation_report.py runs/noise/best.safetensors data/synth --split val
 """
@@ -31,11 +31,12 @@ def main(checkpoint: Path, data: Path, split: str) -> None:
     except (ValueError, KeyError) as e:  # OS errors: Command's one line
         raise UserError(f"{checkpoint} on {data}: {e}") from None
     click.echo(f"{checkpoint} on {data} ({split})\n")
-    click.echo("| session | trials | R^2 of estimate | speech leakage | (of the true part) | clean head PER | noisy head PER |")
-    click.echo("|---|---|---|---|---|---|---|")
+    click.echo("| session | trials | R^2 of estimate | its energy | cosine | speech leakage | (of the true part) "
+               "| clean head PER | noisy head PER |")
+    click.echo("|---|---|---|---|---|---|---|---|---|")
     for session, r in report.items():
-        click.echo(f"| {session} | {r.trials} | {r.r2:.3f} | {r.leakage:.3f} | {r.truth_leakage:.3f} | "
-                   f"{r.clean_per:.3f} | {r.noisy_per:.3f} |")
+        click.echo(f"| {session} | {r.trials} | {r.r2:.3f} | {r.energy:.3f} | {r.cosine:.3f} | {r.leakage:.3f} | "
+                   f"{r.truth_leakage:.3f} | {r.clean_per:.3f} | {r.noisy_per:.3f} |")
 
 
 if __name__ == "__main__":
