@@ -17,6 +17,8 @@ from b2t.private_api import (
     aot_autograd,
     autograd_excluded,
     autograd_inside_op,
+    ctc_alpha,
+    ctc_alpha_backward,
     graph_breaks,
     gru_layer,
     openxla_eval_boxed,
@@ -120,6 +122,24 @@ def test_gru_layer_computes_the_gru_equations():
         state = (1 - z) * torch.tanh(xn + r * hn) + z * state
         expected.append(state)
     torch.testing.assert_close(got, torch.stack(expected, dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_ctc_alpha_and_its_backward_are_torchs_ctc_loss():
+    """The NLL per row and its gradient from aten's `_ctc_loss` pair equal `F.ctc_loss`'s (no
+    reduction); the second row's target cannot fit its frames: an inf NLL and a zero gradient."""
+    g = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(12, 2, 5, generator=g).log_softmax(-1).requires_grad_(True)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 4, 4, 4]])
+    input_lengths, target_lengths = torch.tensor([12, 6]), torch.tensor([4, 4])
+    expected = torch.nn.functional.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction="none")
+    (expected_grad,) = torch.autograd.grad(expected[:1].sum(), log_probs)
+    with torch.no_grad():
+        nll, alpha = ctc_alpha(log_probs, targets, input_lengths, target_lengths, 0)
+        grad = ctc_alpha_backward(torch.tensor([1.0, 0.0]), log_probs, targets, input_lengths, target_lengths, nll, alpha, 0)
+    assert torch.isinf(nll[1]) and alpha.shape == (2, 12, 9)
+    torch.testing.assert_close(nll[:1], expected[:1])
+    torch.testing.assert_close(grad[:, 0], expected_grad[:, 0])
+    assert not grad[:, 1].any(), "an infeasible row gets no gradient (F.ctc_loss's own is NaN there)"
 
 
 def test_raise_recompile_limit_never_lowers_it():
