@@ -150,3 +150,35 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
+
+
+def warm_up_cache(roots: list[torch.Tensor]) -> None:
+    """Compile the graph that computes `roots` as a sync would, without running it."""
+    import torch_xla
+
+    torch_xla._XLAC._xla_warm_up_cache(roots, [])
+
+
+def device_data_ids(tensors: list[torch.Tensor]) -> list[int]:
+    """torch_xla's id of each tensor's data: the id a graph's input node keeps after the tensor
+    is updated in place (the tensor itself then gets a new id)."""
+    import torch_xla
+
+    return [torch_xla._XLAC._xla_get_tensor_id(t) for t in tensors]
+
+
+def graph_data_ids(roots: list[torch.Tensor]) -> list[int]:
+    """The data ids of the inputs of the graph computing `roots`, in its parameter order."""
+    import torch_xla
+
+    ids, _ = torch_xla._XLAC._get_tensors_xla_device_data_node(roots)
+    return list(ids)
+
+
+def has_pending_graph(t: torch.Tensor) -> bool:
+    """True when `t` is the result of ops not yet computed (a sync would compute it)."""
+    import torch_xla
+
+    info = torch_xla._XLAC._get_xla_tensor_debug_info(t)
+    ir = next((line for line in info.splitlines() if line.startswith("IR:")), "IR: None")
+    return ir != "IR: None" and "xla::device_data" not in ir

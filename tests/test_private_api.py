@@ -19,13 +19,17 @@ from b2t.private_api import (
     autograd_inside_op,
     ctc_alpha,
     ctc_alpha_backward,
+    device_data_ids,
     graph_breaks,
+    graph_data_ids,
     gru_layer,
+    has_pending_graph,
     openxla_eval_boxed,
     raise_recompile_limit,
     scalars_as_device_data,
     sharding_spec,
     special_scalars_handled,
+    warm_up_cache,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +89,9 @@ def test_the_wrapped_private_names_exist():
     import torch._dynamo.backends.common as common
     import torch._dynamo.backends.torchxla as bridge
 
-    for name in ("_get_xla_sharding_spec", "_get_local_shards", "_get_local_shard_replica_and_indices"):
+    for name in ("_get_xla_sharding_spec", "_get_local_shards", "_get_local_shard_replica_and_indices",
+                 "_xla_warm_up_cache", "_xla_get_tensor_id", "_get_tensors_xla_device_data_node",
+                 "_get_xla_tensor_debug_info"):
         assert hasattr(torch_xla._XLAC, name), f"torch_xla._XLAC.{name} is gone: update b2t/private_api.py"
     assert callable(common.aot_autograd) and callable(bridge.openxla_eval_boxed), "update b2t/private_api.py"
     assert isinstance(torch._dynamo.config.recompile_limit, int), "update b2t/private_api.py"
@@ -104,6 +110,24 @@ def test_graph_breaks_counts_dynamos_breaks():
     finally:
         torch._dynamo.reset()
     assert graph_breaks() > before
+
+
+def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_ids():
+    """The TPU check's trace (b2t.tpu.capture): an in-place update leaves its input named by the
+    tensor's first id; the pending graph compiles without running (one more compilation)."""
+    import torch_xla.debug.metrics as met
+
+    w, x = (torch.arange(6.0).reshape(2, 3).to(torch_xla.device()) + 0 for _ in range(2))
+    torch_xla.sync()
+    before = device_data_ids([w, x])
+    assert not has_pending_graph(w)
+    w.mul_(0.5).add_(x)  # an update, as AdamW's
+    assert has_pending_graph(w) and device_data_ids([w]) != before[:1]
+    assert set(graph_data_ids([w])) >= set(before)
+    compiled = met.metric_data("CompileTime")[0]
+    warm_up_cache([w])
+    assert met.metric_data("CompileTime")[0] == compiled + 1
+    assert torch.equal(w.cpu(), torch.arange(6.0).reshape(2, 3) * 1.5)  # still computable after
 
 
 def test_gru_layer_computes_the_gru_equations():
