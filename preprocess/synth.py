@@ -413,22 +413,10 @@ def read_spec(out: Path) -> SynthSpec | None:
 @click.option("--test-trials", default=SynthSpec.test_trials, show_default=True, help="Per session (0: no file).")
 @click.option("--seed", default=SynthSpec.seed, show_default=True)
 @click.option("--words", nargs=2, type=int, default=SynthSpec.words, show_default=True, help="Words per sentence.")
-@click.option(
-    "--bins-per-phoneme",
-    nargs=2,
-    type=int,
-    default=SynthSpec.bins_per_phoneme,
-    show_default=True,
-    help="Bins each phoneme is held (longer trials: see the module docstring).",
-)
-@click.option(
-    "--rest-bins",
-    nargs=2,
-    type=int,
-    default=SynthSpec.rest_bins,
-    show_default=True,
-    help="Rest bins before and after the sentence.",
-)
+@click.option("--bins-per-phoneme", nargs=2, type=int, default=SynthSpec.bins_per_phoneme, show_default=True,
+              help="Bins each phoneme is held (longer trials: see the module docstring).")
+@click.option("--rest-bins", nargs=2, type=int, default=SynthSpec.rest_bins, show_default=True,
+              help="Rest bins before and after the sentence.")
 @click.option("--noise-std", default=SynthSpec.noise_std, show_default=True, help="Higher is harder to decode.")
 @click.option("--drift-std", default=SynthSpec.drift_std, show_default=True, help="Per-session channel mixing.")
 @click.option("--offset-std", default=SynthSpec.offset_std, show_default=True, help="Per-session channel offset.")
@@ -467,12 +455,8 @@ def read_spec(out: Path) -> SynthSpec | None:
     "its defaults: --noise-std 0.5 --drift-std 0.1 --offset-std 0.1 --structured-noise-rank 4 "
     "(drift and offset per sqrt(day)); options given explicitly win.",
 )
-@click.option(
-    "--ground-truth",
-    is_flag=True,
-    help=f"Also write each trial's speech, offset and non-speech parts to OUT/{GROUND_TRUTH_NAME} "
-    "(docs/data-format.md); the rest of its features is white noise.",
-)
+@click.option("--ground-truth", is_flag=True, help=f"Also write each trial's speech, offset and non-speech parts "
+              f"to OUT/{GROUND_TRUTH_NAME} (docs/data-format.md); the rest of its features is white noise.")
 @click.option(
     "--overwrite", is_flag=True, help="Replace an earlier b2t-synth dataset in OUT written with other options."
 )
