@@ -28,9 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-from b2t.config import Config, config_from_dict
+from b2t.config import Config, ConfigError, config_from_dict, parse_yaml
 from b2t.data.manifest import MANIFEST_NAME, Manifest
 from b2t.model.reference import from_reference_state_dict, reference_shapes, strip_compile_prefix
 from b2t.model.registry import build_model
@@ -98,9 +97,11 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 def read_args(path: Path) -> dict[str, Any]:
     try:
-        args = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise BaselineError(f"{path}: cannot read the baseline's args: {e}") from None
+        args = parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as e:
+        raise BaselineError(f"{path}: cannot read the baseline's args ({e})") from None
+    except ConfigError as e:  # names the file and line
+        raise BaselineError(f"{e}: expected the baseline's args.yaml") from None
     if not isinstance(args, dict):
         raise BaselineError(f"{path}: expected the baseline's args.yaml (a mapping)")
     return args

@@ -373,3 +373,11 @@ def test_20_a_pickle_that_is_not_a_checkpoint(tmp_path):
         assert "weights_only=False" not in message and "issue" not in message
     assert "NotAState object" in str(pytest.raises(BaselineError, load_baseline, tmp_path / "other.pt").value)
 
+
+def test_a_malformed_baseline_args_yaml_is_one_line(tmp_path):
+    from b2t.import_baseline import read_args
+
+    (tmp_path / "args.yaml").write_text("model: [\n")
+    with pytest.raises(BaselineError, match=r"args.yaml:2: not valid YAML .*expected the baseline's args.yaml") as caught:
+        read_args(tmp_path / "args.yaml")
+    assert "\n" not in str(caught.value)

@@ -87,13 +87,13 @@ def unmount(below: Path) -> None:
 
 
 @click.command()
-@click.option("-k", "pattern", default="", help="Only probes whose name contains this.")
+@click.option("-k", "patterns", multiple=True, help="Only probes whose name contains this (repeatable: any of them).")
 @click.option("--jobs", default=2, show_default=True, help="Probes run at once.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the workspace and every probe's folder here; a workspace a run left there is reused.")
-def main(pattern: str, jobs: int, workdir: Path | None) -> None:
+def main(patterns: tuple[str, ...], jobs: int, workdir: Path | None) -> None:
     """Replay every bad-input probe against the CLIs; print a verdict table and the totals."""
-    chosen = [p for p in PROBES if pattern.lower() in p.name.lower()]
+    chosen = [p for p in PROBES if not patterns or any(k.lower() in p.name.lower() for k in patterns)]
     root = workdir or Path(tempfile.mkdtemp(prefix="b2t-probe-"))
     root.mkdir(parents=True, exist_ok=True)
     probes = Path(tempfile.mkdtemp(prefix="probes-", dir=root))

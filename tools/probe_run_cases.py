@@ -82,7 +82,7 @@ def eval_probe(*extra: str | Callable[[Workspace, Path], str]) -> Callable[[Work
     """b2t-eval of the workspace run; callables in `extra` build a file and return its path (named)."""
     def make(ws: Workspace, d: Path) -> Case:
         args = [a(ws, d) if callable(a) else a for a in extra]
-        return eval_args(ws, ws.shards, *args), [a for a, e in zip(args, extra) if callable(e)]
+        return eval_args(ws, ws.shards, *args), [a for a in args if a.startswith(str(d))]  # the files it made
     return make
 
 
