@@ -106,10 +106,11 @@ def _mib(n: int) -> str:
 def format_report(target: Target, cfg: Config, devices: int, results: list[Checked]) -> str:
     chip = target.chip
     m = cfg.mesh
-    lines = [f"TPU check: {target.name} ({target.chips} chips of {chip.kind}, {chip.hbm / GiB:.0f} GiB HBM each, "
+    lines = [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
              f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
              "graphs: the trainer's --backend xla train step and eval step per bucket, traced on "
-             f"{devices} virtual CPU devices with placeholder weights, compiled by the TPU compiler (libtpu)",
+             f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
+             "(libtpu)",
              "",
              f"{'per chip, MiB':22s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'total':>9s}"
              f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
@@ -122,7 +123,7 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
             continue
         mem = c.memory
         lines.append(f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
-                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.0%} {c.seconds:7.1f}s{planned}  fits")
+                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  fits")
     refused = [r for r in results if not r.compiled.fits]
     if refused:
         r = refused[0]
@@ -137,24 +138,39 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
               f"compile time on this machine: {compile_s:.0f} s for {len(results)} graphs "
               f"(a TPU host compiles the same graphs before the first step)",
               "planner: b2t-train --plan's shape-model estimate of the train step, for comparison", ""]
-    lines += format_roofline(target, results)
+    lines += format_roofline(target, cfg, devices, results)
     return "\n".join(lines)
 
 
-def format_roofline(target: Target, results: list[Checked]) -> list[str]:
-    """Per train graph: the compiler's cost analysis against the chip's peak compute and HBM
-    bandwidth, a lower bound on the step time (no overlap loss, no collectives, no host)."""
+def loop_flops(cfg: Config, shape: BucketShape, rows: int) -> float:
+    """Train-step FLOPs of the GRU recurrences' time steps after the first, which the compiler's
+    cost analysis leaves out: it counts a while-loop body once, not once per trip (measured:
+    `tools/tpu_figures.py loop-count`). Per layer and step the recurrent product is
+    2 * rows * 3H * H; backward twice that."""
+    from b2t.buckets import patch_count
+    from b2t.train.plan import model_shape
+
+    P = patch_count(shape.T, cfg.model.patch_size, cfg.model.patch_stride)
+    per_step = sum(n * 2 * rows * 3 * H * H for _, H, n in model_shape(cfg.model).grus)
+    return 3.0 * per_step * max(P - 1, 0)
+
+
+def format_roofline(target: Target, cfg: Config, devices: int, results: list[Checked]) -> list[str]:
+    """Per train graph: FLOPs (the cost analysis plus the loop trips it leaves out) and HBM
+    traffic (the cost analysis: a loop body's traffic counted once, so a lower bound) against the
+    chip's peak, a lower bound on the step time (no overlap loss, no collectives, no host)."""
     chip = target.chip
     lines = [f"roofline per chip ({chip.kind}: {chip.peak_bf16 / 1e12:.0f} TFLOP/s bf16, "
-             f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM; cost analysis of each compiled train step):",
+             f"{chip.hbm_bandwidth / 1e9:.0f} GB/s HBM; FLOPs = cost analysis + GRU loop trips, bytes = cost analysis):",
              f"  {'graph':22s}{'GFLOP':>10s}{'GB moved':>10s}{'>= ms/step':>12s}{'<= steps/s':>12s}  bound by"]
     for r in results:
         c = r.compiled
         if r.graph.kind != "train" or c.memory is None:
             continue
-        compute, memory = c.flops / chip.peak_bf16, c.bytes_accessed / chip.hbm_bandwidth
+        flops = c.flops + loop_flops(cfg, r.graph.bucket, max(r.graph.rows // devices, 1))
+        compute, memory = flops / chip.peak_bf16, c.bytes_accessed / chip.hbm_bandwidth
         floor = max(compute, memory)
-        lines.append(f"  {'train T=' + str(r.graph.bucket.T) + ' B=' + str(r.graph.rows):22s}{c.flops / 1e9:10.1f}"
+        lines.append(f"  {'train T=' + str(r.graph.bucket.T) + ' B=' + str(r.graph.rows):22s}{flops / 1e9:10.1f}"
                      f"{c.bytes_accessed / 1e9:10.2f}{floor * 1e3:12.2f}{1 / floor if floor else 0:12.1f}  "
                      f"{'compute' if compute >= memory else 'HBM bandwidth'}")
     return lines

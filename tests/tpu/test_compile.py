@@ -66,3 +66,30 @@ def test_the_tpu_compiler_sizes_the_train_step_and_refuses_a_step_too_large_for_
     # the compiler's own figure: all buffers together, or (here, measured) the largest one alone
     assert re.match(r"does not fit: (needs [\d.]+G of [\d.]+G HBM|one buffer of [\d.]+ GiB)", huge["refusal"]), huge
 
+
+
+def _checked(kind: str, T: int, B: int, memory: Memory | None, refusal: str = "", flops: float = 0.0):
+    from b2t.contract import BucketShape
+    from b2t.tpu.capture import Graph
+    from b2t.tpu.check import Checked
+    from b2t.tpu.compiler import Compiled
+
+    graph = Graph(kind, BucketShape(T=T, B=B, L=32), B, b"", (), 1.0)
+    return Checked(graph, Compiled(12.5, memory, flops, 8e9, refusal), 100 * 1024**2 if kind == "train" else None)
+
+
+def test_the_report_gives_the_compilers_verdict_and_a_roofline_with_every_loop_trip():
+    from b2t.config import load_config
+    from b2t.tpu.check import format_report, loop_flops
+
+    cfg = load_config(REPO / "configs/tiny.yaml", ())
+    fits = Memory(arguments=40 * 1024**2, outputs=40 * 1024**2, aliased=40 * 1024**2, temp=10 * 1024**2, code=5 * 1024**2)
+    text = format_report(parse_target("v5e-1"), cfg, 1, [_checked("train", 254, 16, fits, flops=1e10),
+                                                        _checked("eval", 254, 16, fits)])
+    assert "train T=254 B=16" in text and "eval  T=254 B=16" in text
+    assert "fits: every graph compiled; the largest, train T=254, needs 0.05 GiB of 16 GiB per chip" in text
+    # tiny: 2 GRU layers of 64 units over P = 61 patches: 60 trips the cost analysis did not count
+    assert loop_flops(cfg, _checked("train", 254, 16, fits).graph.bucket, 16) == 3 * 2 * 2 * 16 * 3 * 64 * 64 * 60
+    assert f"{(1e10 + loop_flops(cfg, _checked('train', 254, 16, fits).graph.bucket, 16)) / 1e9:10.1f}" in text
+    refused = format_report(parse_target("v5e-1"), cfg, 1, [_checked("train", 254, 16, None, "does not fit: x")])
+    assert "DOES NOT FIT: 1 of 1 graphs refused by the compiler, first train T=254 B=16: does not fit: x" in refused
