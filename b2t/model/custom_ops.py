@@ -39,6 +39,19 @@ def recompute_vjp(forward: Callable[..., torch.Tensor], grad: torch.Tensor, inpu
     return result
 
 
+def traced_with_grad(xs: torch.Tensor) -> torch.Tensor:
+    """A float tensor a torch_xla `scan` walks (its `xs`), requiring grad even where no gradient
+    is wanted (under no_grad: an evaluation).
+
+    scan caches the step it traced by shapes and dtypes, not by whether `xs` required grad:
+    a first call at some shapes without grad left a trace with no gradient for `xs`, and
+    every later training call at those shapes in the process (another model's, or another
+    run's) got none (measured: weight_ih's gradient None after an evaluation call, so a
+    second model trained in one process took other losses than alone).
+    """
+    return xs if xs.requires_grad else xs.detach().requires_grad_(True)
+
+
 def detached_run(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor | None) -> torch.Tensor:
     """The forward kernel: `forward` on detached inputs with autograd keys back (scan traces
     its backward as it goes and needs them).

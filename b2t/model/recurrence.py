@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from b2t.model.custom_ops import traced_with_grad
 from b2t.private_api import gru_layer
 
 Carry = dict[str, torch.Tensor]
@@ -159,7 +160,7 @@ def scan_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
             # The carry holds the f32 parameters: the scan sums their gradients over all steps in
             # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
             carry = {"h": _layer_of(h0, layer), "weight_hh": w_hh, "bias_ih": b_ih, "bias_hh": b_hh}
-            _, y = scan(_gru_step, carry, gates_x, is_fn_pure=True)  # (P, B, H)
+            _, y = scan(_gru_step, carry, traced_with_grad(gates_x), is_fn_pure=True)  # (P, B, H)
     return y.transpose(0, 1)  # (B, P, H)
 
 
