@@ -27,6 +27,7 @@ from safetensors.torch import save as st_save
 
 from b2t.atomic import atomic_write_bytes
 from b2t.train.mesh import host_copy
+from b2t.train.optim import step_count
 
 FORMAT = "b2t-checkpoint-1"
 
@@ -102,6 +103,26 @@ def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return _read(path, with_tensors=True)
 
 
+def _optimizer_state(tensors: dict[str, torch.Tensor], groups: list[dict[str, Any]]) -> dict[int, dict[str, torch.Tensor]]:
+    """The `optim.<i>.<key>` tensors as AdamW's state, in the order a fresh run creates it:
+    parameters in index order, each one's step count first (shaped by `optim.step_count`).
+
+    The order matters on XLA: a lazy graph's inputs and outputs follow the order the
+    tensors were made in, so state loaded in another order (the file's sorted keys: 0, 1,
+    10, ..., exp_avg before step) traced graphs of their own in a process that had compiled
+    the fresh run's (measured: a resumed warm-up compiled a new train-step graph).
+    """
+    capturable = [bool(g.get("capturable")) for g in groups for _ in g["params"]]
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for k in sorted((k for k in tensors if k.startswith("optim.")), key=lambda k: int(k.split(".")[1])):
+        _, i, key = k.split(".", 2)
+        state.setdefault(int(i), {})[key] = tensors[k]
+    for i, s in state.items():
+        if "step" in s and i < len(capturable):  # else load_state_dict says what does not fit
+            state[i] = {"step": step_count(s["step"], capturable[i]), **{k: s[k] for k in sorted(s) if k != "step"}}
+    return state
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> TrainState:
     """Load weights (and optimizer state when given) in place; returns the saved TrainState."""
     tensors, meta = read_checkpoint(path)
@@ -117,10 +138,6 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     if optimizer is not None:
         if "param_groups" not in meta:
             raise ValueError(f"{path} holds no optimizer state: cannot resume training from it")
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for k, v in tensors.items():
-            if k.startswith("optim."):
-                _, i, key = k.split(".", 2)
-                state.setdefault(int(i), {})[key] = v
-        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        optimizer.load_state_dict({"state": _optimizer_state(tensors, meta["param_groups"]),
+                                   "param_groups": meta["param_groups"]})
     return TrainState(**meta["state"])

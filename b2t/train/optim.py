@@ -79,6 +79,20 @@ def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
                              capturable=device.type in _CAPTURABLE_DEVICES)
 
 
+def step_count(value: float | torch.Tensor, capturable: bool) -> torch.Tensor:
+    """AdamW's step count as b2t keeps it, a host f32 tensor the optimizer then moves: shape
+    (1,) where AdamW is capturable (the count lives on the device), else 0-dim (torch's own).
+
+    Why (1,) on the device: torch_xla uploads a 0-dim tensor through a cache keyed by its
+    value, so every equal count became one shared graph input (fresh zeros, or the equal
+    counts a checkpoint restores) while counts a step computed are one input each: the step's
+    graph then depended on the counts' values, and a resumed run compiled graphs a fresh one
+    had not (measured: 96 inputs fresh, 97 from a checkpoint, 108 with unequal counts).
+    A (1,) upload is device data of its own, whatever its value.
+    """
+    return torch.as_tensor(value, dtype=torch.float32, device="cpu").reshape((1,) if capturable else ())
+
+
 _LR_EPSILON = 1e-30
 """Smallest lr written to a group: an update this small is zero in f32, yet finite."""
 

@@ -33,7 +33,7 @@ from b2t.model.ctc import ctc_loss
 from b2t.train.augment import augment
 from b2t.train.backend import Backend
 from b2t.train.mesh import host_copy
-from b2t.train.optim import set_lrs
+from b2t.train.optim import set_lrs, step_count
 from b2t.train.rng import Stream
 
 
@@ -71,7 +71,7 @@ class Stepper:
             step_device = None if group.get("capturable") else torch.device("cpu")
             for p in group["params"]:
                 if not self.optimizer.state[p]:
-                    step = torch.zeros((), dtype=torch.float32, device="cpu")
+                    step = step_count(0.0, bool(group.get("capturable")))
                     self.optimizer.state[p] = {  # uploads: device data like every later state
                         "step": step.to(step_device or p.device),
                         "exp_avg": _uploaded_zeros(p),
