@@ -152,8 +152,8 @@ def targets() -> None:
 
     print("| target | chips | mesh | total MiB per chip | compile s | verdict |")
     print("|---|---|---|---|---|---|")
-    for target, mesh in (("v5e-1", ""), ("v5e-4", "data=4"), ("v5e-8", "data=8"), ("v6e-8", "data=8"),
-                         ("v5p-8", "data=4"), ("v4-8", "data=4"), ("v5e-64", "data=16,fsdp=4")):
+    for target, mesh in (("v5e-64", "data=16,fsdp=4"), ("v6e-8", "data=8"), ("v5p-8", "data=4"), ("v4-8", "data=4"),
+                         ("v5e-4", "data=4"), ("v5e-8", "data=8"), ("v5e-1", "")):
         for r in _run("--config", "configs/tiny.yaml", "--target", target, "--mesh", mesh, "--shape", "254,64,32",
                       "--days", "5"):
             total = f"{r['memory']['total'] / 1024**2:.1f}" if r["memory"] else "-"

@@ -55,7 +55,7 @@ class Stepper:
             # Gradients exist from the start, so the first backward accumulates like every later
             # one: a backward that creates .grad traces a different graph than one that adds to it.
             for p in model.parameters():
-                p.grad = _uploaded_zeros(p)
+                p.grad = self.backend.zeros(p)
             self._init_optimizer_state()
             # the objective's gradient seed as device data (a lazily computed one is one more graph)
             self._grad_seed = backend.replicated(torch.full((), 1.0 / cfg.train.grad_accum, device="cpu"))
@@ -74,8 +74,8 @@ class Stepper:
                     step = step_count(0.0, bool(group.get("capturable")))
                     self.optimizer.state[p] = {  # uploads: device data like every later state
                         "step": step.to(step_device or p.device),
-                        "exp_avg": _uploaded_zeros(p),
-                        "exp_avg_sq": _uploaded_zeros(p),
+                        "exp_avg": self.backend.zeros(p),
+                        "exp_avg_sq": self.backend.zeros(p),
                     }
 
     def _heads_and_nll(self, features: Tensor, n_time_steps: Tensor, seq_class_ids: Tensor,
@@ -225,6 +225,10 @@ class Stepper:
         self._loss_totals = self._zero_totals()
         return values
 
+    def loss_totals(self) -> list[Tensor]:
+        """The device-side loss sums `take_losses` will read (state a step updates)."""
+        return list(self._loss_totals.values())
+
     def _zero_totals(self) -> dict[str, Tensor]:
         return self._uploaded(dict.fromkeys((TOTAL, *self.model.heads), 0.0))
 
@@ -352,8 +356,3 @@ TOTAL = "total"
 def _shape_of(batch: Batch) -> str:
     B, T, _ = batch.tensors["features"].shape
     return f"bucket T={T} B={B}"
-
-
-def _uploaded_zeros(p: Tensor) -> Tensor:
-    """Zeros like `p` copied from the host: device data (a zeros op on XLA is a graph of its own)."""
-    return torch.zeros(p.shape, dtype=p.dtype, device="cpu").to(p.device)

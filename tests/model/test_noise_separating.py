@@ -120,7 +120,8 @@ def test_bad_noise_separating_values_say_where(override, message):
 
 
 def test_the_forward_is_one_graph_with_a_custom_op_per_gru():
-    """Three GRU stacks, no cut in dynamo's graph: each is one `b2t::gru_stack` node."""
+    """Three GRU stacks, no cut in dynamo's graph: each is one custom-op node (`b2t::gru_layers`
+    on the CPU)."""
     model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).train()
     x, days = inputs()
     try:
@@ -128,4 +129,4 @@ def test_the_forward_is_one_graph_with_a_custom_op_per_gru():
     finally:
         torch._dynamo.reset()
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
-    assert sum("gru_stack" in str(n.target) for n in explained.graphs[0].graph.nodes) == 3
+    assert sum("gru_layers" in str(n.target) for n in explained.graphs[0].graph.nodes) == 3
