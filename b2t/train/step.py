@@ -260,10 +260,9 @@ class Stepper:
         another placement path). With an optimizer, per bucket two optimizer steps and an
         eval inside `_preserved_state()`, which puts weights and optimizer state back
         before each later bucket and at the end; then one eval per bucket again. Each
-        bucket starts from the run's initial state: its first step sees fresh state (measured: a graph with one input
-        fewer per parameter, as if AdamW's equal zero step counters shared one device
-        buffer) and its second the state a step leaves, and a run's first step may fall in
-        any bucket (the xla backend's step is one graph per bucket). Measured on
+        bucket starts from the run's initial state, as a run's first step may fall in any
+        bucket (AdamW's step counts are (1,) tensors, `optim.step_count`, so fresh and
+        stepped state trace the same step graph). Measured on
         XLA: the eval graph traced right after training steps and the one traced after the
         restore differ (the order of the lazy graph's outputs), and validation meets both;
         and under openxla a shape's second eval call still compiles one more graph.
