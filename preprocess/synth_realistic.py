@@ -35,7 +35,7 @@ import numpy as np
 from b2t.contract import FEATURE_DIM
 from b2t.phonemes import N_CLASSES
 from preprocess.hdf5_source import SPLIT_FILES
-from preprocess.synth import (
+from preprocess.synth_core import (
     Parts,
     SynthSpec,
     SynthTrial,

@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.phonemes import PHONEME_IDS, SILENCE_ID
-from preprocess.synth import (
+from preprocess.synth import main, read_spec, write_dataset
+from preprocess.synth_core import (
     LABEL_WIDTH,
     SPEC_NAME,
     SynthSpec,
@@ -25,14 +26,11 @@ from preprocess.synth import (
     build_word_model,
     generate_trials,
     load_lexicon,
-    main,
     noise_subspace,
     phoneme_patterns,
-    read_spec,
     session_patterns,
     structured_noise,
     trial_parts,
-    write_dataset,
 )
 
 SPEC = SynthSpec(sessions=3, train_trials=5, val_trials=2, test_trials=2, corpus_sentences=200)
