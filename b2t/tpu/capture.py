@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,12 +96,9 @@ class TraceBackend(Backend):
             return
         import torch_xla.distributed.spmd as xs
 
-        for p in model.parameters():
-            spec = self.mesh.weight_spec(p)
-            state = optimizer.state.get(p, {}) if optimizer is not None else {}
-            for t in (p, p.grad, *(v for v in state.values() if isinstance(v, torch.Tensor) and v.shape == p.shape)):
-                if t is not None and any(spec):
-                    xs.annotate_custom_sharding(t, self.mesh.mesh, spec)
+        for t, spec in self.mesh.weight_state(model, optimizer):
+            if any(spec):
+                xs.annotate_custom_sharding(t, self.mesh.mesh, spec)
 
     def gathered(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         outputs = super().gathered(outputs)
@@ -150,9 +146,12 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
     backend.outputs.clear()
     if kind == "train":
         stepper.train_step([batch] * cfg.train.grad_accum, 2)  # step 2: a steady step (schedules past 0)
-        roots = [t for t in (*state, *stepper.loss_totals()) if has_pending_graph(t)]
     else:
         stepper.eval_step(batch)
+    updated = [has_pending_graph(t) for t in state]  # what the step overwrites (nothing in evaluation)
+    if kind == "train":
+        roots = [t for t, u in zip(state, updated) if u] + [t for t in stepper.loss_totals() if has_pending_graph(t)]
+    else:
         roots = backend.outputs[:]
     warm_up_cache(roots)  # what the sync would have compiled (and then run)
     seconds = time.perf_counter() - t0
@@ -161,7 +160,7 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
         raise CaptureError(f"expected one dumped module for the {kind} graph of T={shape.T} B={shape.B}, found "
                            f"{len(written)} in {dump_dir}")
     donate = backend.mesh is None and os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1") != "0"
-    overwritten = {i for t, i in zip(state, ids_before) if has_pending_graph(t)}
+    overwritten = {i for i, u in zip(ids_before, updated) if u}
     donors = tuple(n for n, d in enumerate(graph_data_ids(roots)) if d in overwritten) if donate else ()
     return Graph(kind, shape, shape.B, hlo_module(written[0].read_bytes()), donors, seconds)
 
@@ -191,13 +190,3 @@ def trace_backend(mesh_cfg: MeshConfig | None) -> TraceBackend:
     base = make_backend("xla", mesh=mesh)
     return TraceBackend(base.name, base.device, base.mesh, base.baseline)
 
-
-def trace_all(cfg: Config, n_days: int, buckets: list[BucketShape], backend: TraceBackend, dump_dir: Path,
-              report: Callable[[str], None]) -> list[Graph]:
-    """Every graph the trainer compiles for `buckets`: per bucket its train step and eval step."""
-    graphs = []
-    for shape in buckets:
-        for kind in ("train", "eval"):
-            report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
-            graphs.append(trace(cfg, n_days, backend, kind, shape, dump_dir))
-    return graphs

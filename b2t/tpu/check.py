@@ -77,26 +77,21 @@ def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend,
     return Checked(graph, compiled, planned)
 
 
-def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend, shape: BucketShape, devices: int,
-                         dump: Path, report: Callable[[str], None]) -> tuple[int, list[tuple[int, bool]]]:
-    """Most rows per chip of `shape`'s train step the compiler accepts (0: none), by bisection
-    from the bucket's own rows; also each probe (rows per chip, fits)."""
+def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend: TraceBackend, shape: BucketShape,
+                         devices: int, dump: Path, report: Callable[[str], None]) -> tuple[int, list[tuple[int, bool]]]:
+    """Most rows per chip of `shape`'s train step the compiler accepts (0: none), searched from
+    the bucket's own rows (`b2t.train.plan.largest_passing`); also each probe (rows per chip, fits)."""
+    from b2t.train.plan import largest_passing
+
     probes: list[tuple[int, bool]] = []
 
     def fits(rows: int) -> bool:
         report(f"fit probe: {rows} rows per chip of T={shape.T}")
-        graph = trace(cfg, n_days, backend, "train", replace(shape, B=rows * devices), dump)
-        ok = compile_for(target, graph.hlo, graph.donors).fits
+        ok = check_graph(target, cfg, n_days, backend, "train", replace(shape, B=rows * devices), dump, report).compiled.fits
         probes.append((rows, ok))
         return ok
 
-    lo, hi = 0, max(shape.B // devices, 1)
-    while fits(hi):  # grow until a probe fails
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo, probes
+    return largest_passing(fits, start=max(shape.B // devices, 1)), probes
 
 
 def _mib(n: int) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -135,12 +135,21 @@ class SpmdMesh:
             return
         import torch_xla.distributed.spmd as xs
 
+        for t, spec in self.weight_state(model, optimizer):
+            if not sharding_spec(t):
+                xs.mark_sharding(t, self.mesh, spec)
+
+    def weight_state(self, model: nn.Module,
+                     optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[torch.Tensor, tuple]]:
+        """Every parameter, its `.grad` and its same-shape AdamW state, each with its
+        parameter's `weight_spec`: the tensors fsdp shards."""
         for p in model.parameters():
+            spec = self.weight_spec(p)
             state = optimizer.state.get(p, {}) if optimizer is not None else {}
             same_shape = [v for v in state.values() if isinstance(v, torch.Tensor) and v.shape == p.shape]
             for t in (p, p.grad, *same_shape):
-                if t is not None and not sharding_spec(t):
-                    xs.mark_sharding(t, self.mesh, self.weight_spec(p))
+                if t is not None:
+                    yield t, spec
 
     def place(self, tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
         """Batch tensors on the mesh, each split along dim 0 (host tensors go straight to

@@ -32,6 +32,7 @@ S = 2L + 1 CTC states, C = 41 classes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -205,14 +206,19 @@ def step_bytes(rows: int, shape: BucketShape, weights: Weights, cfg: ModelConfig
 
 def largest_rows(shape: BucketShape, budget: int, weights: Weights, cfg: ModelConfig, spmd: bool) -> int:
     """The most rows per device of `shape` whose step fits `budget` bytes (0 if none does)."""
-    if step_bytes(1, shape, weights, cfg, spmd) > budget:
-        return 0
-    lo, hi = 1, 2
-    while step_bytes(hi, shape, weights, cfg, spmd) <= budget:
+    return largest_passing(lambda rows: step_bytes(rows, shape, weights, cfg, spmd) <= budget)
+
+
+def largest_passing(passes: Callable[[int], bool], start: int = 1) -> int:
+    """The largest n >= 1 for which `passes(n)`, given it passes up to some n and fails above
+    (memory grows with rows): doubling from `start` until a probe fails, then bisection; 0 when
+    none passes. Shared by the shape model and the TPU compiler's fit search (`b2t.tpu.check`)."""
+    lo, hi = 0, start
+    while passes(hi):
         lo, hi = hi, hi * 2
-    while hi - lo > 1:  # step_bytes grows with rows: bisect the last row count that fits
+    while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if step_bytes(mid, shape, weights, cfg, spmd) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     return lo
 
 
