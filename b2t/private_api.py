@@ -29,7 +29,9 @@ The rest are thin wrappers, each named after what b2t uses it for:
 by shard, b2t.train.mesh); `aot_autograd`, `openxla_eval_boxed` (`torch._dynamo.backends.common`,
 `torch._dynamo.backends.torchxla`: the SPMD openxla compiler, b2t.train.backend);
 `raise_recompile_limit` (`torch._dynamo.config.recompile_limit`); `gru_layer` (`torch._VF.gru`,
-the kernel `nn.GRU` calls, b2t.model.recurrence).
+the kernel `nn.GRU` calls, b2t.model.recurrence); `scan_no_grad`
+(`torch_xla.experimental.scan._scan_impl_pytree`: scan's loop without its autograd, whose
+saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence).
 """
 
 from __future__ import annotations
@@ -128,6 +130,15 @@ def gru_layer(x: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor]) -> 
     -> (B, P, H); `params` = weight_ih, weight_hh, bias_ih, bias_hh."""
     y, _ = torch._VF.gru(x, h0, params, True, 1, 0.0, False, False, True)
     return y
+
+
+def scan_no_grad(step: Callable, carry: Any, xs: Any, reverse: bool = False) -> tuple[Any, Any]:
+    """torch_xla's scan loop alone (one XLA while-loop; no backward traced, nothing saved):
+    `step(carry, x) -> (carry, y)` over the leading dim of every tensor of the pytree `xs`,
+    last to first when `reverse`; returns the final carry and the stacked ys."""
+    from torch_xla.experimental.scan import _scan_impl_pytree
+
+    return _scan_impl_pytree(step, carry, xs, reverse=reverse)
 
 
 def ctc_alpha(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,

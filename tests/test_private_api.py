@@ -27,12 +27,14 @@ from b2t.private_api import (
     openxla_eval_boxed,
     raise_recompile_limit,
     scalars_as_device_data,
+    scan_no_grad,
     sharding_spec,
     special_scalars_handled,
     warm_up_cache,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+DEVICE = torch_xla.device()
 
 
 def test_the_private_names_exist():
@@ -96,6 +98,9 @@ def test_the_wrapped_private_names_exist():
     assert callable(common.aot_autograd) and callable(bridge.openxla_eval_boxed), "update b2t/private_api.py"
     assert isinstance(torch._dynamo.config.recompile_limit, int), "update b2t/private_api.py"
     assert hasattr(torch._VF, "gru"), "torch._VF.gru is gone: update b2t/private_api.py"
+    import torch_xla.experimental.scan as xla_scan
+
+    assert callable(getattr(xla_scan, "_scan_impl_pytree", None)), "scan's _scan_impl_pytree is gone: update b2t/private_api.py"
     for op in ("_ctc_loss", "_ctc_loss_backward"):
         assert "Tensor" in getattr(torch.ops.aten, op).overloads(), f"aten::{op}.Tensor is gone: update b2t/private_api.py"
 
@@ -146,6 +151,25 @@ def test_gru_layer_computes_the_gru_equations():
         state = (1 - z) * torch.tanh(xn + r * hn) + z * state
         expected.append(state)
     torch.testing.assert_close(got, torch.stack(expected, dim=1), rtol=1e-5, atol=1e-5)
+
+
+def test_scan_no_grad_walks_the_steps_in_either_direction_and_keeps_the_carrys_other_fields():
+    """A running sum over the leading dim, forward and reversed, with a loop-invariant tensor in
+    the carry (how the GRU's backward carries its recurrent weight)."""
+    xs = torch.arange(12.0).reshape(4, 3)
+    scale = torch.tensor([1.0, 2.0, 3.0])
+
+    def step(carry, x):
+        total = carry["total"] + x * carry["scale"]
+        return {**carry, "total": total}, total
+
+    for reverse in (False, True):
+        carry, ys = scan_no_grad(step, {"total": torch.zeros(3, device=DEVICE), "scale": scale.to(DEVICE)},
+                                 xs.to(DEVICE), reverse=reverse)
+        order = xs.flip(0) if reverse else xs
+        want = (order * scale).cumsum(0)
+        torch.testing.assert_close(ys.cpu(), want.flip(0) if reverse else want)
+        torch.testing.assert_close(carry["scale"].cpu(), scale)
 
 
 def test_ctc_alpha_and_its_backward_are_torchs_ctc_loss():

@@ -1,13 +1,12 @@
-"""What b2t's XLA custom ops (`gru_op`, `ctc_op`) share: the backward by recomputation.
+"""The XLA CTC op's (`ctc_op`) backward by recomputation, and the scan traps it works around.
 
-Both ops are opaque to dynamo and AOTAutograd: one node in the forward graph, one (the
-backward op) in the backward graph, so under `torch.compile(backend="openxla")` their
-XLA kernels (torch_xla scans) are traced into the same HLO modules as the dense layers
-around them. The backward kernel recomputes the differentiable forward (the scan) with
-autograd on and takes its vector-Jacobian product: the forward op therefore saves only
-its inputs, never per-step states. (The CPU/CUDA ops save what their backward needs
-instead: torch's kernels are fast to run but cost a second forward to recompute.) The choice against a
-hand-written reverse recursion is measured in `tools/bench_compile.py` (see README).
+The op is opaque to dynamo and AOTAutograd: one node in the forward graph, one (the
+backward op) in the backward graph, so under `torch.compile(backend="openxla")` its XLA
+kernel (a torch_xla scan) is traced into the same HLO module as the layers around it. The
+backward kernel recomputes the differentiable forward (the scan) with autograd on and takes
+its vector-Jacobian product: the forward op saves only its inputs. (The per-step state is a
+small (B, 2L+1) alpha row; the GRU, whose scan would save its weights at every step, has
+its own backward instead, `b2t.model.recurrence.stack_backward`.)
 """
 
 from __future__ import annotations

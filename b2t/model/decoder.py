@@ -9,7 +9,7 @@ that keep the step on the device and its shape fixed:
 - patching is built from reshapes and contiguous slices instead of `Tensor.unfold`, which
   XLA runs on the host; the element order is the baseline's, so its checkpoints give the
   same logits (`b2t.model.reference` converts them);
-- on XLA the GRU runs as one while-loop per layer (`recurrence.scan_stack`), so compile
+- on XLA the GRU runs as one while-loop per layer (`recurrence.scan_layers`), so compile
   time does not grow with T; elsewhere torch's own GRU kernel runs the same parameters.
   Under `torch.compile` it is one custom op (`gru_op`): the forward is one graph, no break.
 

@@ -1,13 +1,16 @@
-"""The GRU stack's two kernels, for the parameters of a `b2t.model.layers.GRUStack`.
+"""The GRU stack's kernels, for the parameters of a `b2t.model.layers.GRUStack`.
 
-- `native_stack` (CPU, CUDA): torch's GRU kernel (what `nn.GRU` calls, `b2t.private_api.gru_layer`),
+Forward, every layer's output:
+- `native_layers` (CPU, CUDA): torch's GRU kernel (what `nn.GRU` calls, `b2t.private_api.gru_layer`),
   one layer per call so the dropout between layers is an explicit mask;
-- `scan_stack` (XLA): the same equations with each layer's time loop lowered to one XLA
-  while-loop by `torch_xla.experimental.scan`, so compile time does not grow with T
-  (a Python loop over time is unrolled: minutes of compilation at a few hundred steps).
+- `scan_layers` (XLA): the same equations with each layer's time loop lowered to one XLA
+  while-loop by torch_xla's scan, so compile time does not grow with T (a Python loop over
+  time is unrolled: minutes of compilation at a few hundred steps).
 
-`native_stack_backward` is the CPU/CUDA custom op's backward: the gradients from the
-layers' saved outputs, without running the forward again.
+Backward, `stack_backward` (every device): the gradients from the layers' saved outputs,
+without running the forward again. Not scan's own autograd: it saves each step's carry, and
+the carry holds the recurrent weight, so its backward kept one copy of weight_hh per time
+step (the TPU compiler refused the 687M model for a 32.8 GiB buffer, bf16[622, 3072, 9216]).
 
 Dropout masks between layers (`keep`) are drawn by the caller, never here: inside a
 compiled graph a random op draws the same numbers at every call. `b2t.model.gru_op` wraps
@@ -28,11 +31,12 @@ L layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
-from b2t.model.custom_ops import traced_with_grad
-from b2t.private_api import gru_layer
+from b2t.private_api import gru_layer, scan_no_grad
 
 Carry = dict[str, torch.Tensor]
 
@@ -74,43 +78,55 @@ def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     return native_layers(x, h0, weights, keep)[-1].to(h0.dtype)
 
 
-def native_stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                          keep: torch.Tensor | None, states: torch.Tensor) -> list[torch.Tensor]:
-    """Gradients [x, h0, *weights] of <grad, states> from the saved layer outputs `states`.
+def stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                   keep: torch.Tensor | None, states: torch.Tensor) -> list[torch.Tensor]:
+    """Gradients [x, h0, *weights] of <grad, states> from the saved layer outputs `states`, on
+    any device (the backward of both forward kernels).
 
-    `states`, `grad` (L, B, P, H): `native_layers`' outputs stacked (in h0's dtype) and their
+    `states`, `grad` (L, B, P, H): the layer outputs stacked (in h0's dtype) and their
     gradient. Nothing of the forward runs again: each layer's gates are recomputed from its
     input and its saved outputs for all steps at once (two matmuls under the forward's
-    autocast), and only the recurrence of the state's gradient walks the steps, in h0's dtype.
+    autocast), and only the recurrence of the state's gradient walks the steps, in h0's dtype
+    (a Python loop on CPU/CUDA, one reverse XLA while-loop on XLA). The recurrent weight is
+    loop-invariant: it is read by every step, never saved per step.
     """
     layers = _layers(weights)
     d_weights: list[torch.Tensor] = []
     d_h0: list[torch.Tensor] = []
-    d_y = grad[-1]
+    d_y = _layer_of(grad, len(layers) - 1)
+    walk = _walk_scan if x.device.type == "xla" else _walk_loop
     with torch.autocast(x.device.type, enabled=False):
         for layer in reversed(range(len(layers))):
-            inp = x if layer == 0 else states[layer - 1] if keep is None else states[layer - 1] * keep[layer - 1]
-            h_prev = torch.cat([h0[layer, :, None], states[layer, :, :-1]], dim=1)  # (B, P, H): state before each step
-            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0))
+            inp = x if layer == 0 else _masked(_layer_of(states, layer - 1), keep, layer - 1)
+            state = _layer_of(states, layer)
+            h_prev = torch.cat([_layer_of(h0, layer)[:, None], state[:, :-1]], dim=1)  # (B, P, H): state before each step
+            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0), walk)
             d_weights[:0], d_h0[:0] = grads, [d_state]
             if layer:
-                d_y = grad[layer - 1] + (d_in if keep is None else d_in * keep[layer - 1])
+                d_y = _layer_of(grad, layer - 1) + _masked(d_in, keep, layer - 1)
     return [d_in.to(x.dtype), torch.stack(d_h0), *(g.to(w.dtype) for g, w in zip(d_weights, weights))]
 
 
+def _masked(t: torch.Tensor, keep: torch.Tensor | None, i: int) -> torch.Tensor:
+    return t if keep is None else t * _layer_of(keep, i)
+
+
+Walk = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
 def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, params: list[torch.Tensor],
-                    forward_autocast: torch.autocast) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+                    forward_autocast: torch.autocast, walk: Walk) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """One layer: d output (B, P, H), its input (B, P, D), the state before each step (B, P, H)
     -> d input (B, P, D), d initial state (B, H), d [w_ih, w_hh, b_ih, b_hh], in h_prev's dtype.
 
     Each gradient of step t is d h_t (g) times a coefficient of the forward's gates, so the
-    coefficients are computed for all steps first and the loop over steps is four small ops:
+    coefficients are computed for all steps first and `walk` runs only the recurrence
     g = d y_t + carry; d gates_h = g * coefficients; carry = g * z + d gates_h @ w_hh.
     """
     w_ih, w_hh, b_ih, b_hh = params
     B, P, H = h_prev.shape
     acc = h_prev.dtype
-    with forward_autocast:  # the gates as torch's GRU computed them (its op order and dtypes)
+    with forward_autocast:  # the gates as the forward computed them (its op order and dtypes)
         x_r, x_z, x_n = F.linear(inp, w_ih, b_ih).chunk(3, dim=2)
         h_r, h_z, h_n = F.linear(h_prev, w_hh, b_hh).chunk(3, dim=2)
         r, z = torch.sigmoid(h_r + x_r), torch.sigmoid(h_z + x_z)
@@ -118,20 +134,46 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     r, z, n, h_n, h_prev, d_y = (t.to(acc).transpose(0, 1) for t in (r, z, n, h_n, h_prev, d_y))  # (P, B, H)
     d_n = (1 - z) * (1 - n * n)  # d h_t / d (n's pre-activation)
     coef = torch.stack([d_n * h_n * r * (1 - r), (h_prev - n) * z * (1 - z), d_n * r], dim=2)  # (P, B, 3, H)
+    g_all, d_gates_h, carry = walk(d_y, coef, z, w_hh.to(acc))
+    d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2).reshape(P * B, 3 * H)
+    d_gates_h = d_gates_h.reshape(P * B, 3 * H)
+    inp = inp.transpose(0, 1).reshape(P * B, -1)
+    with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
+        d_w_ih = (d_gates_x.T @ inp).to(acc)
+        d_in = (d_gates_x @ w_ih).to(acc).reshape(P, B, -1).transpose(0, 1)
+    d_w_hh = d_gates_h.T @ h_prev.reshape(P * B, H)
+    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum(0)]
+
+
+def _walk_loop(d_y: torch.Tensor, coef: torch.Tensor, z: torch.Tensor, w_hh: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The state-gradient recurrence step by step, written in place (CPU, CUDA):
+    d_y, z (P, B, H), coef (P, B, 3, H), w_hh (3H, H) -> g (P, B, H), d gates_h (P, B, 3, H), d h0 (B, H)."""
+    P, B, H = d_y.shape
     g_all, d_gates_h = torch.empty_like(d_y), torch.empty_like(coef)
-    carry, w_hh = torch.zeros_like(d_y[0]), w_hh.to(acc)
+    carry = d_y.new_zeros(B, H)
     for t in reversed(range(P)):
         g = torch.add(d_y[t], carry, out=g_all[t])
         torch.mul(g[:, None], coef[t], out=d_gates_h[t])
         carry = torch.addmm(g * z[t], d_gates_h[t].view(B, 3 * H), w_hh)
-    d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2).view(P * B, 3 * H)
-    d_gates_h = d_gates_h.view(P * B, 3 * H)
-    inp = inp.transpose(0, 1).reshape(P * B, -1)
-    with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
-        d_w_ih = (d_gates_x.T @ inp).to(acc)
-        d_in = (d_gates_x @ w_ih).to(acc).view(P, B, -1).transpose(0, 1)
-    d_w_hh = d_gates_h.T @ h_prev.reshape(P * B, H)
-    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum(0)]
+    return g_all, d_gates_h, carry
+
+
+def _walk_scan(d_y: torch.Tensor, coef: torch.Tensor, z: torch.Tensor, w_hh: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_walk_loop` as one reverse XLA while-loop (XLA), the weight riding in the carry."""
+    carry = {"d_h": d_y.new_zeros(d_y.shape[1:]), "weight_hh": w_hh}
+    carry, (g_all, d_gates_h) = scan_no_grad(_state_grad_step, carry, (d_y, coef, z), reverse=True)
+    return g_all, d_gates_h, carry["d_h"]
+
+
+def _state_grad_step(carry: Carry, xs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                     ) -> tuple[Carry, tuple[torch.Tensor, torch.Tensor]]:
+    d_y, coef, z = xs  # (B, H), (B, 3, H), (B, H)
+    g = d_y + carry["d_h"]
+    d_gates_h = g[:, None] * coef
+    d_h = g * z + d_gates_h.flatten(1) @ carry["weight_hh"]
+    return {**carry, "d_h": d_h}, (g, d_gates_h)
 
 
 def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:
@@ -140,40 +182,33 @@ def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:
     return t.index_select(0, torch.tensor([i], device=t.device)).squeeze(0)
 
 
-def scan_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-               keep: torch.Tensor | None) -> torch.Tensor:
-    """What `native_stack` computes, as one XLA while-loop per layer: (B, P, D) -> (B, P, H).
+def scan_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                keep: torch.Tensor | None) -> list[torch.Tensor]:
+    """What `native_layers` computes, each layer's time loop one XLA while-loop:
+    (B, P, D), (L, B, H) -> every layer's output (B, P, H) in h0's dtype.
 
     Matmuls run in x's dtype; the hidden state stays in h0's dtype (f32) so rounding does
     not pile up over the steps. Autocast is off inside, so the result depends on the
-    dtypes alone. Differentiable: scan builds its backward (a reverse while-loop).
+    dtypes alone. No gradient is traced: `stack_backward` is the backward.
     """
-    from torch_xla.experimental.scan import scan
-
     compute = x.dtype
-    y = x.transpose(0, 1)  # (P, B, D): scan walks the leading dim
-    with torch.autocast(x.device.type, enabled=False):
+    y, outputs = x.transpose(0, 1), []  # (P, B, D): the scan walks the leading dim
+    with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
         for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(_layers(weights)):
             if layer and keep is not None:
                 y = y * _layer_of(keep, layer - 1).transpose(0, 1).to(y.dtype)
-            gates_x = F.linear(y.to(compute), w_ih.to(compute))  # (P, B, 3H): all steps in one matmul
-            # The carry holds the f32 parameters: the scan sums their gradients over all steps in
-            # the carry's dtype (bf16 sums put 2-3% of error into the bias and weight_hh grads).
-            carry = {"h": _layer_of(h0, layer), "weight_hh": w_hh, "bias_ih": b_ih, "bias_hh": b_hh}
-            _, y = scan(_gru_step, carry, traced_with_grad(gates_x), is_fn_pure=True)  # (P, B, H)
-    return y.transpose(0, 1)  # (B, P, H)
+            gates_x = F.linear(y.to(compute), w_ih.to(compute), b_ih.to(compute))  # (P, B, 3H): all steps in one matmul
+            carry = {"h": _layer_of(h0, layer), "weight_hh": w_hh.to(compute), "bias_hh": b_hh.to(compute)}
+            _, y = scan_no_grad(_gru_step, carry, gates_x)  # (P, B, H)
+            outputs.append(y.transpose(0, 1))
+    return outputs
 
 
 def _gru_step(carry: Carry, gates_x: torch.Tensor) -> tuple[Carry, torch.Tensor]:
-    """One time step of torch's GRU equations (gate order r, z, n); weights ride in the carry.
-
-    Module-level and pure so `scan` reuses its trace; the parameters are carried, not
-    closed over, because a scan body may not capture tensors.
-    """
+    """One time step of torch's GRU equations (gate order r, z, n); the weight rides in the
+    carry (a scan body may not capture tensors). Matmuls in gates_x's dtype, state in h's."""
     h = carry["h"]  # (B, H), carried in full precision
-    compute = gates_x.dtype
-    gates_x = gates_x + carry["bias_ih"].to(compute)  # (B, 3H)
-    gates_h = F.linear(h.to(compute), carry["weight_hh"].to(compute), carry["bias_hh"].to(compute))  # (B, 3H)
+    gates_h = F.linear(h.to(gates_x.dtype), carry["weight_hh"], carry["bias_hh"])  # (B, 3H)
     x_r, x_z, x_n = gates_x.chunk(3, dim=1)
     h_r, h_z, h_n = gates_h.chunk(3, dim=1)
     r = torch.sigmoid(x_r + h_r)

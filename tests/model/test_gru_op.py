@@ -1,8 +1,7 @@
-"""The GRU custom ops against torch's GRU and its autograd (what eager runs), in value and
-every gradient, with and without dropout masks: on XLA `b2t::gru_stack` (the scan, its
-backward by recomputation), lazily and inside `torch.compile(backend="openxla")`; on the
-CPU `b2t::gru_layers` (torch's kernel, the backward from its saved outputs), in f32 and
-under bf16 autocast."""
+"""The GRU custom op `b2t::gru_layers` against torch's GRU and its autograd (what eager runs),
+in value and every gradient, with and without dropout masks: on XLA (the scan forward, the
+backward from its saved outputs), lazily and inside `torch.compile(backend="openxla")`; on
+the CPU (torch's kernel, the same backward), in f32 and under bf16 autocast."""
 
 from __future__ import annotations
 
@@ -53,9 +52,7 @@ def _outputs(fn, case, device):
 
 
 def _op(x, h0, weights, keep):
-    """The op `gru_stack` is under torch.compile on x's device."""
-    if x.device.type == "xla":
-        return torch.ops.b2t.gru_stack(x, h0, weights, keep)
+    """The op `gru_stack` is under torch.compile, on any device."""
     return torch.ops.b2t.gru_layers(x, h0, weights, keep)[-1]
 
 
