@@ -10,12 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests._cpu_codegen_probe import step
 from tests.conftest import CPU_CODEGEN_FLAG
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a check of the suite's own flag, not of b2t: make test-all runs it
 def test_the_suites_cpu_emitters_train_bit_identically_to_the_default_ones(tiny_dataset):
     _, shards = tiny_dataset
     assert CPU_CODEGEN_FLAG in os.environ["XLA_FLAGS"].split(), "the suite runs with the flag"

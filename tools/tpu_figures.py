@@ -4,7 +4,8 @@ compile time per bucket, the roofline, and how the cost analysis counts a while-
 Each case traces one graph of the trainer (b2t.tpu.capture) and compiles it with libtpu for
 a target, in a fresh process (the trace fixes its CPU device count at start-up), and prints
 one JSON line; the driver prints markdown tables. Minutes per case for the large models on
-a 2-core machine.
+a 2-core machine, so every case's rows are kept in `--results` (JSON lines) and a case
+already there is not compiled again: the tables share cases, and an interrupted run resumes.
 
     python tools/tpu_figures.py calibration      # tiny / baseline / noise687m, 1 and 8 chips
     python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -31,9 +33,16 @@ LONGEST = "2498,64,88"  # the competition's longest bucket (b2t.train.plan.COMPE
 MESHES_8 = ("data=8", "fsdp=8", "data=2,fsdp=4")
 
 
+RESULTS: Path | None = None
+
+
 @click.group()
-def main() -> None:
+@click.option("--results", type=click.Path(dir_okay=False, path_type=Path), default=REPO / "bench_out" / "tpu_cases.jsonl",
+              show_default=True, help="JSON lines of finished cases, reused by later runs.")
+def main(results: Path) -> None:
     """Run one figure set; each case in its own process."""
+    global RESULTS
+    RESULTS = results
 
 
 @main.command()
@@ -76,15 +85,35 @@ def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides:
 
 
 def _run(*args: str) -> list[dict]:
+    """The case's rows from RESULTS, or from a fresh process (then appended to RESULTS)."""
+    key = " ".join(args)
+    if RESULTS is not None and RESULTS.exists():
+        kept = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+        rows = [r["row"] for r in kept if r["case"] == key]
+        if rows:
+            return rows
     out = subprocess.run([sys.executable, __file__, "case", *args], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not rows:
         tail = out.stderr.strip().splitlines()[-3:]
-        print(f"case {' '.join(args)} failed: {' | '.join(tail)}", file=sys.stderr)
+        print(f"case {key} failed: {' | '.join(tail)}", file=sys.stderr)
+        return []
+    if RESULTS is not None:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        with RESULTS.open("a") as f:  # one line per row, written whole after the case ended
+            f.writelines(json.dumps({"case": key, "row": r}) + "\n" for r in rows)
     for r in rows:
         print(json.dumps(r), file=sys.stderr, flush=True)
     return rows
+
+
+def _compiler_total(r: dict) -> float | None:
+    """The compiler's per-chip total in bytes: its memory report, or the figure its refusal names."""
+    if r["memory"]:
+        return r["memory"]["total"]
+    m = re.search(r"needs ([\d.]+)G of", r["refusal"])
+    return float(m.group(1)) * 1024**3 if m else None
 
 
 def _gib(n: float | None) -> str:
@@ -96,12 +125,11 @@ def calibration() -> None:
     """Planner estimate against the compiler's per-chip total, train step of the longest bucket."""
     print("| config | target | mesh | planner GiB | compiler GiB | planner/compiler | compiler verdict |")
     print("|---|---|---|---|---|---|---|")
-    cases = [(c, "v5e-1", "") for c in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml")]
-    cases += [(c, "v5e-8", m) for c in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml")
-              for m in MESHES_8]
+    configs = ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml")
+    cases = [(c, "v5e-8", m) for m in MESHES_8 for c in configs] + [(c, "v5e-1", "") for c in configs]
     for config, target, mesh in cases:
-        for r in _run("--config", config, "--target", target, "--mesh", mesh):
-            total = r["memory"]["total"] if r["memory"] else None
+        for r in _run("--config", config, "--target", target, "--mesh", mesh, "--shape", LONGEST):
+            total = _compiler_total(r)
             ratio = f"{r['planned'] / total:.2f}" if total else "-"
             print(f"| {Path(config).stem} | {target} | {r['mesh']} | {_gib(r['planned'])} | {_gib(total)} | {ratio} | "
                   f"{'fits' if r['fits'] else r['refusal']} |", flush=True)
@@ -112,7 +140,7 @@ def question() -> None:
     """noise687m at batch 64 in the longest bucket on v5e-8, and the original fallback."""
     print("| run | mesh | args | out | alias | temp | code | total GiB per chip | verdict | compile s | peak host RAM GiB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    cases = [("B=64", m, LONGEST, ()) for m in MESHES_8]
+    cases = [("B=64", m, LONGEST, ()) for m in ("data=2,fsdp=4", "data=8", "fsdp=8")]
     cases.append(("B=32, grad_accum 2", "data=8", "2498,32,88", ("train.grad_accum=2",)))
     cases.append(("baseline 44M, B=64 (v5e-1)", "", LONGEST, ()))
     for name, mesh, shape, sets in cases:
@@ -136,9 +164,9 @@ def compile_times() -> None:
     print("| config | target | bucket | train compile s | eval compile s | train trace s |")
     print("|---|---|---|---|---|---|")
     for config, target, mesh in (("configs/baseline.yaml", "v5e-1", ""), ("configs/noise687m.yaml", "v5e-8", "data=2,fsdp=4")):
-        for b in COMPETITION_BUCKETS:
-            rows = {r["kind"]: r for r in _run("--config", config, "--target", target, "--mesh", mesh,
-                                               "--shape", f"{b.T},{b.B},{b.L}", "--kinds", "train,eval")}
+        for b in COMPETITION_BUCKETS:  # one case per graph: the longest bucket's train case is the question's
+            case = ("--config", config, "--target", target, "--mesh", mesh, "--shape", f"{b.T},{b.B},{b.L}")
+            rows = {r["kind"]: r for r in (*_run(*case), *_run(*case, "--kinds", "eval"))}
             if len(rows) == 2:
                 print(f"| {Path(config).stem} | {target} {mesh} | T={b.T} B={b.B} | {rows['train']['compile_s']:.0f} | "
                       f"{rows['eval']['compile_s']:.0f} | {rows['train']['trace_s']:.0f} |", flush=True)

@@ -83,7 +83,7 @@ def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-@pytest.mark.slow  # the default run's twin: test_fsdp_trains_like_one_device...[xla-data=2,fsdp=4]
+@pytest.mark.slow  # the default run's SPMD check: test_spmd_training_compiles_only_in_its_warm_up[xla-mesh2]
 @pytest.mark.parametrize("backend", ["xla", "openxla"])
 def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path, backend):
     init = _single_device_checkpoint(shards, tmp_path / "init.safetensors")
@@ -137,7 +137,7 @@ def test_spmd_on_4_devices_trains_like_one_device(shards, tmp_path, backend):
 
 
 FSDP_STEPS = 10
-"""Steps of the slow fsdp tests; the default run's takes 6 (every bucket revisited, a third
+"""Steps of the fsdp=8 tests; the data=2,fsdp=4 one takes 6 (every bucket revisited, a third
 less compiling time on one device and the mesh)."""
 FSDP_NORM_RTOL = 2e-2
 """Gradient norms over 10 steps: the bf16 rounding differences of NORM_RTOL compound with the
@@ -147,7 +147,7 @@ most 1.4e-3 on both meshes and both backends, the losses within 1.0e-4."""
 
 
 @pytest.mark.parametrize(("backend", "mesh", "steps"), [
-    ("xla", "data=2,fsdp=4", 6),
+    pytest.param("xla", "data=2,fsdp=4", 6, marks=pytest.mark.slow),
     pytest.param("xla", "fsdp=8", FSDP_STEPS, marks=pytest.mark.slow),
     pytest.param("openxla", "fsdp=8", FSDP_STEPS, marks=pytest.mark.slow)],
     ids=["xla-data=2,fsdp=4", "xla-fsdp=8", "openxla-fsdp=8"])
@@ -209,9 +209,9 @@ def test_the_noise_separating_family_trains_under_fsdp_like_one_device(hdf5, tmp
 
 
 @pytest.mark.parametrize(("backend", "mesh"), [
-    ("xla", ("--devices", "all")),
+    pytest.param("xla", ("--devices", "all"), marks=pytest.mark.slow),
     pytest.param("openxla", ("--devices", "all"), marks=pytest.mark.slow),
-    pytest.param("xla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow),
+    ("xla", ("--mesh", "data=2,fsdp=2")),
     pytest.param("openxla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow)])
 def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mesh):
     """The CLI on 4 devices: 8 steps over 2 buckets, validation twice, a checkpoint, nothing compiled
@@ -239,6 +239,7 @@ def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mes
     assert len([r for r in records if r["kind"] == "val"]) == 2
 
 
+@pytest.mark.slow  # the default run's DDP check: test_ddp_all_reduces_once_per_optimizer_step
 def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(hdf5, tmp_path):
     """Two gloo ranks on the CPU with the inductor backend (the GPU recipe's), accumulating 2 micro-batches.
     One bucket: inductor's warm-up compiles each bucket's graphs on every rank, and the DDP
