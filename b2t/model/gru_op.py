@@ -1,15 +1,19 @@
 """The GRU layer stack as one custom op, so dynamo never cuts the graph.
 
-`gru_stack` is what the decoder calls. Under `torch.compile`, and on XLA always, it is the
-op `b2t::gru_layers`, which dynamo and AOTAutograd see as one node with a fake (shape)
-implementation and a second op, `b2t::gru_layers_backward`, as its backward:
+`gru_stack` is what the decoder calls. Under `torch.compile` it is the op `b2t::gru_layers`,
+which dynamo and AOTAutograd see as one node with a fake (shape) implementation and a
+second op, `b2t::gru_layers_backward`, as its backward:
 - the forward returns every layer's outputs, which it saves: torch's own GRU kernel on CPU
   and CUDA (cuDNN, `recurrence.native_layers`), one XLA while-loop per layer on XLA
   (`recurrence.scan_layers`, traced by the openxla bridge into the same HLO module as the
   layers around it);
 - the backward (`recurrence.stack_backward`) recomputes only the gates from them, for all
   steps at once, and runs no forward again.
-Outside a compile on CPU/CUDA `gru_stack` runs torch's GRU with torch's own autograd.
+Outside a compile, on XLA the same kernels run as a `torch.autograd.Function`, not through
+the op: a custom op's kernel runs without functionalization, and there every view (a
+`chunk`, a `transpose`) of a lazy XLA tensor was copied to the device (measured: two host
+transfers of its base per view, 2.1 GB for the 687M model's recomputed gates on 8 devices);
+on CPU/CUDA `gru_stack` runs torch's GRU with torch's own autograd.
 
 Shape legend: B rows, P patches (time steps), D input width, H hidden units, L layers.
 """
@@ -21,14 +25,19 @@ import torch
 from b2t.model.recurrence import native_layers, native_stack, scan_layers, stack_backward
 
 
-@torch.library.custom_op("b2t::gru_layers", mutates_args=(), device_types=("cpu", "cuda", "xla"))
-def _gru_layers_op(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                   keep: torch.Tensor | None) -> torch.Tensor:
+def _all_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                keep: torch.Tensor | None) -> torch.Tensor:
     """Every layer's output (L, B, P, H) in h0's dtype: the last is the stack's output, and all
     of them are what the backward needs."""
     layers = scan_layers if x.device.type == "xla" else native_layers
     with torch.no_grad():
         return torch.stack([y.to(h0.dtype) for y in layers(x, h0, weights, keep)])
+
+
+@torch.library.custom_op("b2t::gru_layers", mutates_args=(), device_types=("cpu", "cuda", "xla"))
+def _gru_layers_op(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
+                   keep: torch.Tensor | None) -> torch.Tensor:
+    return _all_layers(x, h0, weights, keep)
 
 
 @_gru_layers_op.register_fake
@@ -69,6 +78,23 @@ def _backward(ctx, grad):
 _gru_layers_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _LazyGRULayers(torch.autograd.Function):
+    """`b2t::gru_layers` and its backward for lazy XLA, with functionalization on (see above)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
+        states = _all_layers(x, h0, list(weights), keep)
+        ctx.save_for_backward(x, h0, keep, states, *weights)
+        return states
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, h0, keep, states, *weights = ctx.saved_tensors
+        with torch.no_grad():
+            dx, dh0, *dweights = stack_backward(grad, x, h0, weights, keep, states)
+        return dx, dh0, None, *dweights
+
+
 def gru_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
               keep: torch.Tensor | None = None) -> torch.Tensor:
     """The stacked GRU: x (B, P, D), h0 (L, B, H), torch's flat weight order -> (B, P, H).
@@ -76,6 +102,8 @@ def gru_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     `keep` (L-1, B, P, H): dropout masks applied to each layer's input after the first
     (0 or 1/(1-p)), or None for no dropout. Matmuls in x's dtype, state in h0's.
     """
-    if torch.compiler.is_compiling() or x.device.type == "xla":
+    if torch.compiler.is_compiling():
         return torch.ops.b2t.gru_layers(x, h0, weights, keep)[-1]
+    if x.device.type == "xla":
+        return _LazyGRULayers.apply(x, h0, keep, *weights)[-1]
     return native_stack(x, h0, weights, keep)
