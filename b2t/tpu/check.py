@@ -118,11 +118,12 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
             continue
         mem = c.memory
         lines.append(f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
-                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  fits")
+                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  "
+                     f"{'fits' if c.fits else c.refusal}")
     refused = [r for r in results if not r.compiled.fits]
     if refused:
         r = refused[0]
-        verdict = (f"DOES NOT FIT: {len(refused)} of {len(results)} graphs refused by the compiler, first "
+        verdict = (f"DOES NOT FIT: {len(refused)} of {len(results)} graphs refused, first "
                    f"{r.graph.kind} T={r.graph.bucket.T} B={r.graph.rows}: {r.compiled.refusal}")
     else:
         peak = max(results, key=lambda r: r.compiled.memory.total)

@@ -22,7 +22,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from b2t.tpu.targets import Target
+from b2t.tpu.targets import GiB, Target
 
 
 class CompilerMissing(RuntimeError):
@@ -53,11 +53,11 @@ class Compiled:
     memory: Memory | None  # None when the compiler refused the graph
     flops: float = 0.0  # per chip, from the executable's cost analysis
     bytes_accessed: float = 0.0
-    refusal: str = ""  # the compiler's out-of-memory summary (or other error), when memory is None
+    refusal: str = ""  # the compiler's out-of-memory summary (or other error; memory None), or `over_hbm`'s
 
     @property
     def fits(self) -> bool:
-        return self.memory is not None
+        return self.memory is not None and not self.refusal
 
 
 @functools.cache
@@ -111,7 +111,21 @@ def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled
                     s.temp_size_in_bytes, s.generated_code_size_in_bytes)
     cost = exe.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    return Compiled(seconds, memory, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
+    return Compiled(seconds, memory, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
+                    over_hbm(memory, target.chip.hbm))
+
+
+def over_hbm(memory: Memory, hbm: int) -> str:
+    """The refusal of a graph the compiler accepted whose buffers still exceed the chip: libtpu
+    compiled SPMD steps needing more than HBM (measured: 23.3 GiB per v5e chip), whose outputs
+    are not donated (the trainer turns aliasing off under SPMD), so weights, gradients and
+    moments exist twice while the step runs. '' when it fits."""
+    if memory.total <= hbm:
+        return ""
+    undonated = memory.outputs - memory.aliased
+    return (f"does not fit: needs {memory.total / GiB:.2f} GiB of {hbm / GiB:.0f} GiB per chip (arguments "
+            f"{memory.arguments / GiB:.2f}, outputs not donated {undonated / GiB:.2f}, temp {memory.temp / GiB:.2f}); "
+            "the compiler accepted it, the chip cannot hold it")
 
 
 _OOM = re.compile(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) hbm\. Exceeded hbm capacity by ([\d.]+[KMGT]?)")

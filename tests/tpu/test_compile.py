@@ -92,4 +92,22 @@ def test_the_report_gives_the_compilers_verdict_and_a_roofline_with_every_loop_t
     assert loop_flops(cfg, _checked("train", 254, 16, fits).graph.bucket, 16) == 3 * 2 * 2 * 16 * 3 * 64 * 64 * 60
     assert f"{(1e10 + loop_flops(cfg, _checked('train', 254, 16, fits).graph.bucket, 16)) / 1e9:10.1f}" in text
     refused = format_report(parse_target("v5e-1"), cfg, 1, [_checked("train", 254, 16, None, "does not fit: x")])
-    assert "DOES NOT FIT: 1 of 1 graphs refused by the compiler, first train T=254 B=16: does not fit: x" in refused
+    assert "DOES NOT FIT: 1 of 1 graphs refused, first train T=254 B=16: does not fit: x" in refused
+
+
+def test_a_graph_the_compiler_accepts_but_the_chip_cannot_hold_is_refused_with_its_figures():
+    """Measured: libtpu compiled SPMD steps whose undonated outputs put them over HBM (23.3 GiB per
+    v5e chip); the verdict counts every buffer the run needs at once."""
+    from b2t.config import load_config
+    from b2t.tpu.check import format_report
+    from b2t.tpu.compiler import Compiled, over_hbm
+
+    over = Memory(arguments=10 * GiB, outputs=10 * GiB, aliased=0, temp=3 * GiB, code=0)
+    refusal = over_hbm(over, 16 * GiB)
+    assert refusal.startswith("does not fit: needs 23.00 GiB of 16 GiB per chip (arguments 10.00, outputs not donated "
+                              "10.00, temp 3.00)")
+    assert over_hbm(Memory(arguments=10 * GiB, outputs=10 * GiB, aliased=10 * GiB, temp=3 * GiB, code=0), 16 * GiB) == ""
+    assert not Compiled(1.0, over, refusal=refusal).fits and Compiled(1.0, over).fits
+    text = format_report(parse_target("v5e-8"), load_config(REPO / "configs/tiny.yaml", ()), 8,
+                         [_checked("train", 254, 64, over, refusal)])
+    assert "23552.0" in text and "DOES NOT FIT: 1 of 1 graphs refused" in text and refusal in text
