@@ -99,6 +99,7 @@ class TraceBackend(Backend):
         for t, spec in self.mesh.weight_state(model, optimizer):
             if any(spec):
                 xs.annotate_custom_sharding(t, self.mesh.mesh, spec)
+        self.mesh.split_activations(model)
 
     def gathered(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         outputs = super().gathered(outputs)

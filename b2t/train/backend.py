@@ -88,9 +88,11 @@ class Backend:
 
     def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         """On a mesh with fsdp > 1, split weights, gradients and AdamW moments over it (once,
-        before the first step; `SpmdMesh.shard_training_state`); otherwise nothing."""
+        before the first step; `SpmdMesh.shard_training_state`) and keep activations split by
+        rows (`SpmdMesh.split_activations`); otherwise nothing."""
         if self.mesh is not None:
             self.mesh.shard_training_state(model, optimizer)
+            self.mesh.split_activations(model)
 
     def zeros(self, like: torch.Tensor) -> torch.Tensor:
         """Zeros like `like` on its device, copied from the host: device data (a zeros op on

@@ -139,6 +139,28 @@ class SpmdMesh:
             if not sharding_spec(t):
                 xs.mark_sharding(t, self.mesh, spec)
 
+    def split_activations(self, model: nn.Module) -> None:
+        """fsdp: every day layer's and GRU stack's output, and its gradient, annotated to stay split
+        by rows over both axes (torch_xla's `mark_sharding_with_gradients`, as its FSDPv2 does).
+
+        Without it GSPMD met row-split activations and fsdp-split weights at each matmul and
+        replicated activations ("Involuntary full rematerialization"): the TPU compiler gave the
+        687M model at B=64, T=2498 on v5e-8 a temp of 14.4 GiB per chip under data=2,fsdp=4
+        against 2.5 GiB under data=8. Registered once per module (a resumed stepper asks again).
+        """
+        if self.fsdp == 1:
+            return
+        from b2t.model.layers import DayLayer, GRUStack
+
+        for module in model.modules():
+            if isinstance(module, (DayLayer, GRUStack)) and not getattr(module, "_rows_split_hook", None):
+                module._rows_split_hook = module.register_forward_hook(self._split_rows)
+
+    def _split_rows(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        import torch_xla.distributed.spmd as xs
+
+        return xs.mark_sharding_with_gradients(output, self.mesh, self.spec(output))
+
     def weight_state(self, model: nn.Module,
                      optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[torch.Tensor, tuple]]:
         """Every parameter, its `.grad` and its same-shape AdamW state, each with its
