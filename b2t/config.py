@@ -206,6 +206,17 @@ class Config:
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
+    def shard_shaping(self) -> dict[str, dict[str, Any]]:
+        """The keys a dataset's shards depend on: all of `data`, and the model's patching (bucket
+        lengths are aligned to whole patches). b2t-preprocess records them in the manifest and
+        refuses to continue an output made with others; b2t-train refuses shards whose patching
+        is not its model's. Any other key may differ between the two."""
+        return {"data": dataclasses.asdict(self.data),
+                "model": {k: getattr(self.model, k) for k in SHARD_SHAPING_MODEL_KEYS}}
+
+
+SHARD_SHAPING_MODEL_KEYS = ("patch_size", "patch_stride")
+
 
 def _unknown(kind: str, key: str, known: Iterable[str]) -> ConfigError:
     near = difflib.get_close_matches(key, list(known), n=1)

@@ -237,14 +237,10 @@ def scan_sources(root: Path, splits: Sequence[str], *, skip_bad: bool, executor:
 
 # --- the run state -------------------------------------------------------------------
 
-def _config_dict(config: Config) -> dict[str, Any]:
-    return {"data": asdict(config.data), "model": asdict(config.model)}
-
-
 def run_identity(config: Config, splits: Sequence[str], scan: Scan, layout: Layout, tasks: Sequence[ShardTask]) -> str:
     """A digest of everything a shard's bytes depend on: format, config, sources and every plan row."""
     h = hashlib.sha256(json.dumps({
-        "format": [FORMAT_VERSION, STATE_VERSION], "config": _config_dict(config), "splits": list(splits),
+        "format": [FORMAT_VERSION, STATE_VERSION], "config": config.shard_shaping(), "splits": list(splits),
         "sessions": scan.sessions, "sources": scan.sources, "buckets": [b.to_dict() for b in layout.buckets],
     }, sort_keys=True).encode())
     for t in tasks:
@@ -256,7 +252,7 @@ def run_identity(config: Config, splits: Sequence[str], scan: Scan, layout: Layo
 def _differences(state: Mapping[str, Any], config: Config, splits: Sequence[str]) -> list[str]:
     diffs = []
     old = state.get("config", {})
-    for section, values in _config_dict(config).items():
+    for section, values in config.shard_shaping().items():
         for key, value in values.items():
             was = old.get(section, {}).get(key)
             if was != value:
@@ -340,7 +336,7 @@ def _finished_shards(out: Path, state: Mapping[str, Any] | None, identity: str, 
 def _save_state(out: Path, config: Config, splits: Sequence[str], identity: str,
                 done: Mapping[str, ShardEntry]) -> None:
     atomic_write_text(out / STATE_NAME, json.dumps({
-        "version": STATE_VERSION, "identity": identity, "config": _config_dict(config), "splits": list(splits),
+        "version": STATE_VERSION, "identity": identity, "config": config.shard_shaping(), "splits": list(splits),
         "shards": {name: asdict(e) for name, e in sorted(done.items())},
     }, indent=1) + "\n")
 
@@ -411,7 +407,7 @@ def build_manifest(config: Config, scan: Scan, layout: Layout, shards: Sequence[
     }
     planned = [Exclusion(scan.files[e.file], e.trial, e.reason) for e in layout.exclusions]
     return Manifest(sessions=scan.sessions, buckets=layout.buckets, shards=list(shards), splits=splits,
-                    sources=scan.sources, config=_config_dict(config), exclusions=scan.exclusions + planned,
+                    sources=scan.sources, config=config.shard_shaping(), exclusions=scan.exclusions + planned,
                     warnings=scan.warnings)
 
 

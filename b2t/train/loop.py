@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from b2t.atomic import remove_stale_temps
-from b2t.config import Config
+from b2t.config import SHARD_SHAPING_MODEL_KEYS, Config
 from b2t.contract import Batch
 from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import Manifest
@@ -64,7 +64,7 @@ class RunOptions:
 def check_compatible(manifest: Manifest, cfg: Config) -> None:
     """The model's patching must be the one the buckets were aligned to."""
     used = manifest.config.get("model", {})
-    for key in ("patch_size", "patch_stride"):
+    for key in SHARD_SHAPING_MODEL_KEYS:
         if used.get(key) != getattr(cfg.model, key):
             raise TrainingError(
                 f"model.{key}={getattr(cfg.model, key)} but the shards were bucketed for {key}={used.get(key)}: "

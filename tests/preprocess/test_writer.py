@@ -208,6 +208,21 @@ def test_other_config_refuses_then_overwrites(source, clean, tmp_path):
     assert verify(out).ok
 
 
+def test_only_the_shard_shaping_keys_make_an_output_another_configs(source, clean, tmp_path):
+    """A config differing in model size, optimizer or training keys continues the dataset (the
+    shards do not depend on them); one differing in patch_size is refused, naming the key."""
+    out = _copy(clean[0], tmp_path)
+    other = replace(CONFIG, model=replace(CONFIG.model, gru=replace(CONFIG.model.gru, n_units=96)),
+                    optim=replace(CONFIG.optim, lr=1e-3), train=replace(CONFIG.train, steps=7))
+    report = prepare_dataset(source, out, other, progress=False)
+    assert report.written == 0 and _files(out) == _files(clean[0])
+    patched = replace(CONFIG, model=replace(CONFIG.model, patch_size=CONFIG.model.patch_size + 1))
+    with pytest.raises(OutputDirError, match=rf"model\.patch_size: {CONFIG.model.patch_size} then, "
+                                             rf"{CONFIG.model.patch_size + 1} now.*--overwrite"):
+        prepare_dataset(source, out, patched, progress=False)
+    assert _files(out) == _files(clean[0])
+
+
 def test_foreign_directory_refuses(source, tmp_path):
     out = tmp_path / "shards"
     out.mkdir()
