@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from b2t.config import Config, config_from_dict
 from b2t.contract import trial_number
@@ -24,6 +23,7 @@ from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import Manifest
 from b2t.decoding import TrialResult, decode_batches
 from b2t.model.registry import build_model
+from b2t.progress import progress_bar
 from b2t.text import normalize_text
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
@@ -124,8 +124,8 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,)))
             texts = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
         out = []
-        for r, text in zip(results, tqdm(texts, total=len(items), unit="trial", desc="decoding words",
-                                          disable=not progress, dynamic_ncols=True)):
+        for r, text in zip(results, progress_bar(texts, total=len(items), unit="trial", desc="decoding words",
+                                                  disable=not progress)):
             out.append(replace(r, words=text))
     return out
 
@@ -186,7 +186,7 @@ class Evaluator:
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
         """Compile each bucket's eval graph before any real batch (`Stepper.warm_up`, the
         recipe training uses too)."""
-        with tqdm(total=0, bar_format="{desc}", disable=not progress, dynamic_ncols=True) as bar:
+        with progress_bar(total=0, bar_format="{desc}", disable=not progress) as bar:
             report = WarmUpReport(bar, self.backend)
             self.stepper.warm_up(manifest.buckets, report, log_probs=log_probs)
             report("")
@@ -201,8 +201,7 @@ class Evaluator:
         warm = self.backend.stats()
         stream = eval_batches(dataset, manifest, split, StreamConfig(num_workers=self.cfg.train.num_workers))
         n_batches = sum(s.n_batches for s in manifest.shards_of(split))
-        batches = tqdm(stream, total=n_batches, desc=f"{split} batches", unit="batch",
-                       disable=not progress, dynamic_ncols=True)
+        batches = progress_bar(stream, total=n_batches, desc=f"{split} batches", unit="batch", disable=not progress)
         step = self.stepper.log_probs_step if log_probs else self.stepper.eval_step
         results = competition_order(decode_batches(step, batches), manifest.sessions)
         return results, CompileCount(before, warm, self.backend.stats())

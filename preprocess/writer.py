@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 from webdataset import TarWriter
 
 from b2t.atomic import atomic_file, atomic_write_text, is_temp_name, remove_stale_temps
@@ -38,6 +37,7 @@ from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, RowMeta, check_batch, empty_batch
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
+from b2t.progress import progress_bar
 from preprocess.batching import BatchPlan, Layout, plan_layout
 from preprocess.hdf5_source import (
     discover_sessions,
@@ -220,7 +220,7 @@ def scan_sources(root: Path, splits: Sequence[str], *, skip_bad: bool, executor:
         if not any(job[1] == split for job in jobs):
             raise DataError(root, None, f"no session has a data_{split}.hdf5 (drop {split!r} from --splits?)")
     results: list[Any] = [None] * len(jobs)
-    with tqdm(total=len(jobs), unit="file", desc="scanning", disable=not progress) as bar:
+    with progress_bar(total=len(jobs), unit="file", desc="scanning", disable=not progress) as bar:
         for i, result in run_jobs(executor, _scan_job, jobs, skip_bad):
             results[i] = result
             bar.update(1)
@@ -385,7 +385,8 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
             (out / MANIFEST_NAME).unlink(missing_ok=True)
             _save_state(out, config, splits, identity, done)
         t1 = time.perf_counter()
-        with tqdm(total=sum(t.n_trials for t in pending), unit="trial", desc="writing", disable=not progress) as bar:
+        with progress_bar(total=sum(t.n_trials for t in pending), unit="trial", desc="writing",
+                          disable=not progress) as bar:
             for i, entry in run_jobs(executor, write_shard, pending, layout.buckets, out, scan.files):
                 done[entry.name] = entry
                 _save_state(out, config, splits, identity, done)

@@ -35,6 +35,7 @@ from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batch
 from b2t.data.manifest import Manifest
 from b2t.decoding import decode_batches, summarize
 from b2t.model.registry import build_model
+from b2t.progress import progress_bar
 from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
@@ -222,8 +223,8 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
                               num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
               mesh=layout.mesh, first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
-    bar = tqdm(total=cfg.train.steps, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=not (opts.progress and layout.is_main))
+    bar = progress_bar(total=cfg.train.steps, initial=state.step, unit="step",
+                       disable=not (opts.progress and layout.is_main))
     return Run(dataset, run_dir, manifest, cfg, layout, backend, model, optimizer,
                Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, bar)
 
