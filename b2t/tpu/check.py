@@ -141,14 +141,16 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
 def loop_flops(cfg: Config, shape: BucketShape, rows: int) -> float:
     """Train-step FLOPs of the GRU recurrences' time steps after the first, which the compiler's
     cost analysis leaves out: it counts a while-loop body once, not once per trip (measured:
-    `tools/tpu_figures.py loop-count`). Per layer and step the recurrent product is
-    2 * rows * 3H * H; backward twice that."""
+    `tools/tpu_figures.py loop-count`). Two loops per layer walk the steps, each with one
+    recurrent product of 2 * rows * 3H * H per step: the forward and the backward's state
+    gradient (`b2t.model.recurrence.stack_backward`; its other products run over all steps at
+    once, outside any loop, and are counted)."""
     from b2t.buckets import patch_count
     from b2t.train.plan import model_shape
 
     P = patch_count(shape.T, cfg.model.patch_size, cfg.model.patch_stride)
     per_step = sum(n * 2 * rows * 3 * H * H for _, H, n in model_shape(cfg.model).grus)
-    return 3.0 * per_step * max(P - 1, 0)
+    return 2.0 * per_step * max(P - 1, 0)
 
 
 def format_roofline(target: Target, cfg: Config, devices: int, results: list[Checked]) -> list[str]:
