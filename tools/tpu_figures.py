@@ -11,6 +11,7 @@ already there is not compiled again: the tables share cases, and an interrupted 
     python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback
     python tools/tpu_figures.py compile-times    # every bucket of baseline (v5e-1) and noise687m (v5e-8)
     python tools/tpu_figures.py loop-count       # cost analysis vs analytic FLOPs of a recurrence-heavy GRU
+    python tools/tpu_figures.py roofline         # step-time bounds of the question's train steps (after question)
     python tools/tpu_figures.py targets          # the tiny step on every slice, v5e-64 (16 hosts) included
 """
 
@@ -168,6 +169,32 @@ def question() -> None:
                   f"{_gib(m.get('aliased'))} | {_gib(m.get('temp'))} | {_gib(m.get('code'))} | {_gib(m.get('total'))} | "
                   f"{'fits' if r['fits'] else r['refusal']} | {r['compile_s']:.0f} | {r['peak_rss_gib']:.1f} |",
                   flush=True)
+
+
+@main.command()
+def roofline() -> None:
+    """The roofline of the question's train steps (cases kept by `question`): FLOPs = cost
+    analysis + the GRU loops' uncounted trips (b2t.tpu.check.loop_flops), bytes = cost analysis."""
+    from b2t.config import load_config
+    from b2t.contract import BucketShape
+    from b2t.tpu.check import loop_flops
+    from b2t.tpu.targets import parse_target
+
+    print("| config | target | mesh | batch | TFLOP per chip | GB moved per chip | >= ms/step | <= steps/s | bound by |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    kept = [json.loads(line)["row"] for line in RESULTS.read_text().splitlines() if line.strip()] if RESULTS.exists() else []
+    for r in kept:
+        if r["kind"] != "train" or r["T"] != int(LONGEST.split(",")[0]) or "tiny" in r["config"] or not r["memory"]:
+            continue
+        target = parse_target(r["target"])
+        cfg = load_config(REPO / r["config"], (f"train.grad_accum={r['grad_accum']}",))
+        flops = r["flops"] + r["grad_accum"] * loop_flops(cfg, BucketShape(T=r["T"], B=r["B"], L=88), r["B"] // target.chips)
+        compute, memory = flops / target.chip.peak_bf16, r["bytes"] / target.chip.hbm_bandwidth
+        seconds = max(compute, memory)
+        batch = f"B={r['B']}" + (f" x {r['grad_accum']}" if r["grad_accum"] > 1 else "")
+        print(f"| {Path(r['config']).stem} | {r['target']} | {r['mesh']} | {batch} | {flops / 1e12:.1f} | "
+              f"{r['bytes'] / 1e9:.0f} | {seconds * 1e3:.0f} | {1 / seconds:.2f} | "
+              f"{'compute' if compute > memory else 'HBM bandwidth'} |")
 
 
 @main.command("compile-times")
