@@ -1,7 +1,7 @@
 """The one place b2t touches private torch and torch_xla APIs (tests/test_private_api.py
 fails loudly when an upgrade moves any of them).
 
-`autograd_inside_op`: the XLA kernels of b2t's custom ops (`gru_op`, `ctc_op`) run torch_xla's `scan`,
+`autograd_inside_op`: the XLA kernel of b2t's CTC custom op (`ctc_op`) runs torch_xla's `scan`,
 which builds its own backward with AOTAutograd while it traces, so it needs autograd.
 A custom op's kernel runs with the autograd dispatch keys excluded (the op is one opaque
 node to autograd), and a plain `scan` there fails ("element 0 of tensors does not
