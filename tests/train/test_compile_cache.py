@@ -32,7 +32,8 @@ def test_the_cache_directory_gets_an_entry_per_compiled_graph(tmp_path):
 
 
 def _train(shards: Path, run: Path, cache: Path) -> dict:
-    out = subprocess.run([sys.executable, "-m", "b2t.cli", str(shards), str(run), "--config", "configs/tiny.yaml",
+    b2t_train = str(Path(sys.executable).parent / "b2t-train")
+    out = subprocess.run([b2t_train, str(shards), str(run), "--config", "configs/tiny.yaml",
                           "--backend", "xla", "--set", "train.steps=4", "--set", "train.val_every=4",
                           "--set", "train.log_every=2", "--compile-cache", str(cache), "--no-progress"],
                          cwd=REPO, capture_output=True, text=True, timeout=900,
