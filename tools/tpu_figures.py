@@ -253,10 +253,14 @@ def loop_count() -> None:
     args = ["--config", "configs/tiny.yaml", "--target", "v5e-1", "--shape", f"{T},{B},8", "--days", "2"]
     for s in sets:
         args += ["--set", s]
+    from b2t.config import load_config
+    from b2t.contract import BucketShape
+    from b2t.tpu.check import loop_flops
+
+    missing = loop_flops(load_config(REPO / "configs/tiny.yaml", sets), BucketShape(T=T, B=B, L=8), B)
     for r in _run(*args):
         per_trip = analytic_train_flops(B, T, H, layers, 1, 1, True)
         once = analytic_train_flops(B, T, H, layers, 1, 1, False)
-        missing = 2 * layers * 2 * B * 3 * H * H * (T - 1)  # b2t.tpu.check.loop_flops at patch 1
         print("| cost analysis GFLOP | analytic, loop per trip | analytic, loop body once | cost analysis + the two "
               "loops' other trips (the roofline's count) |")
         print("|---|---|---|---|")
