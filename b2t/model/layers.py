@@ -80,9 +80,9 @@ class GRUStack(nn.Module):
     rather than in an RNN module because dynamo refuses to touch RNN modules at all.
 
     On CPU/CUDA the recurrence is torch's GRU kernel (`torch.gru`, what `nn.GRU` calls); on
-    XLA it is one while-loop per layer (`recurrence.scan_layers`); under torch.compile, and
-    on XLA always, one custom op with those kernels and a shared backward (`gru_op`). The device picks (`xla` is
-    kept for the caller's checks); the parameters, and so the checkpoints, are the same.
+    XLA it is one while-loop per layer (`recurrence.scan_layers`); under torch.compile one
+    custom op with those kernels and a backward shared by both (`gru_op`). The device picks
+    (`xla` is kept for the caller's checks); the parameters, and so the checkpoints, are the same.
     """
 
     def __init__(self, input_size: int, n_units: int, n_layers: int, dropout: float, *, xla: bool,
