@@ -177,8 +177,11 @@ def _state_grad_step(carry: Carry, xs: tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:
-    """`t[i]` as a gather, not a view: inside a custom op's kernel (no functionalization) the
-    select view of an (n, n, n) input read the wrong elements (measured with L == B == H)."""
+    """`t[i]`; on XLA as a gather, not a view: inside a custom op's kernel (no functionalization)
+    the select view of an (n, n, n) input read the wrong elements (measured with L == B == H).
+    On CPU/CUDA the view, so the backward's hot path copies nothing."""
+    if t.device.type != "xla":
+        return t[i]
     return t.index_select(0, torch.tensor([i], device=t.device)).squeeze(0)
 
 
