@@ -161,7 +161,7 @@ class Evaluator:
             raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
         self.cfg: Config = config_from_dict(self.state.config)
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
-        model = build_model(self.cfg.model, len(self.state.sessions), backend.xla)
+        model = build_model(self.cfg.model, len(self.state.sessions))
         load_checkpoint(self.path, model)
         model = model.to(backend.device)
         # never stepped: the Stepper wants one, and its eval graphs are the ones training validates with

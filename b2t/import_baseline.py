@@ -250,7 +250,7 @@ def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str 
     state = strip_compile_prefix(ckpt["model_state_dict"])
     if cfg.model.family != "gru":
         raise BaselineError(f"the baseline is a GRU decoder: use model.family=gru, not {cfg.model.family!r}")
-    model = build_model(cfg.model, len(target), xla=False)
+    model = build_model(cfg.model, len(target))
     source = str(args_file) if args is not None else "the b2t config"
     m, g = cfg.model, cfg.model.gru
     where = (f"{ckpt_file} (for a model of {g.n_layers} x {g.n_units} units, patches {m.patch_size}/{m.patch_stride}, "

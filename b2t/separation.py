@@ -131,7 +131,7 @@ def load_model(checkpoint: Path) -> Checkpointed:
     cfg = config_from_dict(state.config)
     if cfg.model.family != "noise_separating":
         raise ValueError(f"{checkpoint} is a {cfg.model.family!r} model: only a noise_separating one has an estimate")
-    model = build_model(cfg.model, len(state.sessions), xla=False)
+    model = build_model(cfg.model, len(state.sessions))
     load_checkpoint(checkpoint, model)
     return Checkpointed(model.eval(), list(state.sessions), cfg.augment)
 

@@ -216,7 +216,7 @@ def test_08_resume_refuses_a_checkpoint_of_other_data(small, tmp_path):
     cfg = load_config(TINY_CONFIG, ["train.backend=eager"])
     from b2t.model.registry import build_model
 
-    model = build_model(cfg.model, len(manifest.sessions), False)
+    model = build_model(cfg.model, len(manifest.sessions))
     optimizer = make_optimizer(model, cfg.optim)
     state = TrainState(sessions=manifest.sessions, config=cfg.to_dict(),
                        dataset={"path": "/data/seed1", "identity": "ab" * 32})

@@ -67,7 +67,7 @@ def test_lm_output_under_a_file(a_file, tmp_path):
 
 def test_eval_dataset_manifest_unreadable(tmp_path):
     cfg = load_config(TINY_CONFIG, ["train.backend=eager"])
-    model = build_model(cfg.model, 2, xla=False)
+    model = build_model(cfg.model, 2)
     ckpt = save_checkpoint(tmp_path / "c.safetensors", model, None,
                            TrainState(sessions=["s0", "s1"], config=cfg.to_dict()))
     dataset = tmp_path / "dataset"

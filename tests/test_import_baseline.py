@@ -122,7 +122,7 @@ def load_ours(path: Path) -> tuple[GRUDecoder, list[str]]:
 
     _, meta = read_checkpoint(path)
     cfg = meta["state"]["config"]["model"]
-    model = build_model(config_from_dict({"model": cfg}).model, len(meta["state"]["sessions"]), xla=False)
+    model = build_model(config_from_dict({"model": cfg}).model, len(meta["state"]["sessions"]))
     load_checkpoint(path, model)
     return model.eval(), meta["state"]["sessions"]
 

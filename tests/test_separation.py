@@ -30,7 +30,7 @@ def tiny_model(**separating: object) -> NoiseSeparatingDecoder:
     cfg = ModelConfig(family="noise_separating",
                       noise_separating=NoiseSeparatingConfig(noise=small, clean=small, noisy=small, **separating))
     torch.manual_seed(0)
-    return NoiseSeparatingDecoder(SESSIONS, cfg, xla=False).eval()
+    return NoiseSeparatingDecoder(SESSIONS, cfg).eval()
 
 
 def test_tally_figures_on_known_estimates() -> None:

@@ -141,7 +141,7 @@ def measure(impl: str, mode: str, size: str, T: int, args: argparse.Namespace) -
     batch = random_batch(BucketShape(T=T, B=cfg.data.batch_size, L=max(8, T // 12)), n_days)
     torch.manual_seed(0)
     if impl == "b2t":
-        model = build_model(cfg.model, n_days, xla=False).to(device)
+        model = build_model(cfg.model, n_days).to(device)
         stepper = Stepper(model, make_optimizer(model, cfg.optim), make_backend(mode, device), cfg)
         placed, done = Batch(0, batch, {}).to(device), [0]
 

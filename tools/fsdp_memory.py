@@ -32,7 +32,7 @@ def training_state_bytes(mesh_cfg: MeshConfig, overrides: tuple[str, ...], shape
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla", *overrides])
     backend = make_backend("xla", mesh=enable_spmd(mesh_cfg))
-    model = build_model(cfg.model, 4, xla=True).to(backend.device)
+    model = build_model(cfg.model, 4).to(backend.device)
     optimizer = make_optimizer(model, cfg.optim)
     stepper = Stepper(model, optimizer, backend, cfg)
     for step in (1, 2):

@@ -43,9 +43,9 @@ CTC_HEAD = "ctc"
 class GRUDecoder(nn.Module):
     """Day layer -> patching -> stacked GRU with a learnable initial state -> linear to C classes.
 
-    `xla` picks how the GRU runs (`layers.GRUStack`); the parameters, and so the
-    checkpoints, are the same either way. Parameters are made on the CPU in f32: one seed
-    gives the same weights on every backend; move the model with `.to(device)`.
+    The device of the features picks how the GRU runs (`layers.GRUStack`); the parameters,
+    and so the checkpoints, are the same on every device. Parameters are made on the CPU in
+    f32: one seed gives the same weights on every backend; move the model with `.to(device)`.
 
     The model interface the trainer relies on (`b2t.model.registry`): `forward` returns
     named CTC heads, `decode_head` names the one decoded, `dropout_masks` declares the
@@ -56,13 +56,12 @@ class GRUDecoder(nn.Module):
     heads = (CTC_HEAD,)
     decode_head = CTC_HEAD
 
-    def __init__(self, n_days: int, cfg: ModelConfig, *, xla: bool, device: torch.device = CPU) -> None:
+    def __init__(self, n_days: int, cfg: ModelConfig, *, device: torch.device = CPU) -> None:
         super().__init__()
         self.cfg = cfg
-        self.xla = xla
         self.day = DayLayer(n_days, device=device)
         g = cfg.gru
-        self.gru = GRUStack(cfg.patch_size * FEATURE_DIM, g.n_units, g.n_layers, g.rnn_dropout, xla=xla, device=device)
+        self.gru = GRUStack(cfg.patch_size * FEATURE_DIM, g.n_units, g.n_layers, g.rnn_dropout, device=device)
         self.out = nn.Linear(g.n_units, N_CLASSES, device=device, dtype=PARAM_DTYPE)
         nn.init.xavier_uniform_(self.out.weight)
 
@@ -100,7 +99,7 @@ class GRUDecoder(nn.Module):
         P = (T - patch_size) // patch_stride + 1: the output covers the whole padded T;
         `output_lengths` says how many patches of each row hold real data.
         """
-        check_features(features, self.xla)
+        check_features(features)
         x = self.day(features, day_indices)  # (B, T, F)
         x = dropped(x, (masks or {}).get("input_keep"), self.cfg.input_dropout, self.training)
         x = patches(x, self.cfg.patch_size, self.cfg.patch_stride)  # (B, P, size*F)

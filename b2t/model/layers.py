@@ -81,14 +81,13 @@ class GRUStack(nn.Module):
 
     On CPU/CUDA the recurrence is torch's GRU kernel (`torch.gru`, what `nn.GRU` calls); on
     XLA it is one while-loop per layer (`recurrence.scan_layers`); under torch.compile one
-    custom op with those kernels and a backward shared by both (`gru_op`). The device picks
-    (`xla` is kept for the caller's checks); the parameters, and so the checkpoints, are the same.
+    custom op with those kernels and a backward shared by both (`gru_op`). The input's device
+    picks; the parameters, and so the checkpoints, are the same on every device.
     """
 
-    def __init__(self, input_size: int, n_units: int, n_layers: int, dropout: float, *, xla: bool,
-                 device: torch.device = CPU) -> None:
+    def __init__(self, input_size: int, n_units: int, n_layers: int, dropout: float, *, device: torch.device = CPU) -> None:
         super().__init__()
-        self.num_layers, self.hidden_size, self.xla = n_layers, n_units, xla
+        self.num_layers, self.hidden_size = n_layers, n_units
         self.dropout = dropout if n_layers > 1 else 0.0
         gru = TorchGRU(input_size, n_units, n_layers, batch_first=True, device=device, dtype=PARAM_DTYPE)
         self.param_names = tuple(f"{kind}_l{k}" for k in range(n_layers) for kind in GRU_PARAM_KINDS)
@@ -127,16 +126,11 @@ class GRUStack(nn.Module):
         return {} if shape is None else {name: DropoutMask(shape, self.dropout)}
 
 
-def check_features(features: torch.Tensor, xla: bool) -> None:
-    """Refuse features that are not (B, T, F), or on a device the model was not built for
-    (`xla` picks the recurrence kernels), with the reason."""
+def check_features(features: torch.Tensor) -> None:
+    """Refuse features that are not (B, T, F), with the reason. Any device will do: the
+    kernels follow the tensor's device (`gru_op`)."""
     if features.dim() != 3 or features.shape[2] != FEATURE_DIM:
         raise ValueError(f"features must be (B, T, {FEATURE_DIM}), got {tuple(features.shape)}")
-    if (features.device.type == "xla") != xla:
-        raise ValueError(
-            f"this decoder was built with xla={xla} but got features on {features.device}; "
-            "build it with xla=True for XLA devices and xla=False otherwise"
-        )
 
 
 def dropped(x: torch.Tensor, keep: torch.Tensor | None, p: float, training: bool) -> torch.Tensor:

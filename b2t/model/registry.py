@@ -31,19 +31,19 @@ FAMILIES: dict[str, Callable[..., nn.Module]] = {"gru": GRUDecoder, "noise_separ
 assert tuple(FAMILIES) == MODEL_FAMILIES, "b2t.config.MODEL_FAMILIES and the registry must list the same families"
 
 
-def build_model(cfg: ModelConfig, n_days: int, xla: bool, *, device: torch.device = CPU) -> nn.Module:
+def build_model(cfg: ModelConfig, n_days: int, *, device: torch.device = CPU) -> nn.Module:
     """The model of `cfg.family` with `n_days` day layers, made on `device` in f32.
 
-    `xla` picks how recurrences run (XLA while-loops or torch's kernels); the parameters,
-    and so the checkpoints, are the same either way.
+    The same model runs on every device (the recurrences follow their input's device: XLA
+    while-loops or torch's kernels), so the parameters, and the checkpoints, are the same.
     """
-    return FAMILIES[cfg.family](n_days, cfg, xla=xla, device=device)
+    return FAMILIES[cfg.family](n_days, cfg, device=device)
 
 
 def count_parameters(cfg: ModelConfig, n_days: int) -> dict[str, int]:
     """Parameters per top-level part of the model (and "total"), counted on the meta device:
     the real module's shapes, no memory and no init cost."""
-    model = build_model(cfg, n_days, xla=False, device=torch.device("meta"))
+    model = build_model(cfg, n_days, device=torch.device("meta"))
     parts: dict[str, int] = {}
     for name, p in model.named_parameters():
         part = name.split(".", 1)[0]

@@ -119,7 +119,7 @@ def placeholder(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
 
 def placeholder_model(cfg: Config, n_days: int, device: torch.device) -> nn.Module:
     """`cfg`'s model with every parameter and buffer a placeholder on `device` (no memory)."""
-    model = build_model(cfg.model, n_days, True, device=torch.device("meta"))
+    model = build_model(cfg.model, n_days, device=torch.device("meta"))
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:

@@ -94,7 +94,7 @@ def weights_digest(model: torch.nn.Module) -> str:
 def run_model(manifest: Manifest, cfg: Config, backend: Backend) -> torch.nn.Module:
     """The model a run starts from: seeded by `train.seed`, built for the manifest's sessions, on the device."""
     torch.manual_seed(cfg.train.seed)
-    return build_model(cfg.model, len(manifest.sessions), backend.xla).to(backend.device)
+    return build_model(cfg.model, len(manifest.sessions)).to(backend.device)
 
 
 def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -81,7 +81,7 @@ class ModelShape:
 @functools.cache
 def model_shape(cfg: ModelConfig) -> ModelShape:
     """The `ModelShape` of `cfg`'s family, from its modules built on the meta device."""
-    model = build_model(cfg, 1, xla=False, device=torch.device("meta"))
+    model = build_model(cfg, 1, device=torch.device("meta"))
     grus = [m for m in model.modules() if isinstance(m, GRUStack)]
     in_grus = {id(p) for g in grus for p in g.parameters()}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m.weight) not in in_grus]
@@ -133,7 +133,7 @@ class Weights:
 @functools.cache
 def weight_layout(cfg: ModelConfig, n_days: int, fsdp: int = 1) -> Weights:
     """`Weights` of `cfg`'s model from its real parameter shapes (built on the meta device)."""
-    shapes = [p.shape for p in build_model(cfg, n_days, xla=False, device=torch.device("meta")).parameters()]
+    shapes = [p.shape for p in build_model(cfg, n_days, device=torch.device("meta")).parameters()]
     per_device = sum(s.numel() // (fsdp if shard_dim(s, fsdp) is not None else 1) for s in shapes)
     return Weights(sum(s.numel() for s in shapes), per_device, max(s.numel() for s in shapes), fsdp)
 

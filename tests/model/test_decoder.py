@@ -21,9 +21,9 @@ N_DAYS = 3
 CPU = torch.device("cpu")
 
 
-def small_model(*, xla: bool, seed: int = 0) -> GRUDecoder:
+def small_model(*, seed: int = 0) -> GRUDecoder:
     torch.manual_seed(seed)
-    return GRUDecoder(N_DAYS, SMALL, xla=xla)
+    return GRUDecoder(N_DAYS, SMALL)
 
 
 def batch(n_rows: int, n_time: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,7 +45,7 @@ def fallbacks() -> list[str]:
 
 @pytest.fixture(scope="module")
 def baseline() -> GRUDecoder:
-    return GRUDecoder(45, ModelConfig(), xla=False)
+    return GRUDecoder(45, ModelConfig())
 
 
 # --- parameters and init ---------------------------------------------------------------
@@ -81,14 +81,8 @@ def test_state_dict_has_the_reference_keys_and_shapes(baseline: GRUDecoder) -> N
     assert {v.dtype for v in state.values()} == {torch.float32}
 
 
-def test_backends_build_identical_parameters_from_one_seed() -> None:
-    on_cpu, on_xla = small_model(xla=False).state_dict(), small_model(xla=True).state_dict()
-    assert on_cpu.keys() == on_xla.keys()
-    assert all(torch.equal(on_cpu[k], on_xla[k]) for k in on_cpu)
-
-
 def test_init_follows_the_reference() -> None:
-    model = small_model(xla=False)
+    model = small_model()
     hidden = SMALL.gru.n_units
     eye = torch.eye(FEATURE_DIM, dtype=torch.float32, device=CPU)
     assert torch.equal(model.day.weight.detach(), eye.expand(N_DAYS, -1, -1))
@@ -117,26 +111,24 @@ def test_init_follows_the_reference() -> None:
 
 def test_output_lengths_use_the_model_patching() -> None:
     n = torch.tensor([0, 13, 14, 17, 18, 126], dtype=torch.int32, device=CPU)
-    assert small_model(xla=False).output_lengths(n).tolist() == [0, 0, 1, 1, 2, 29]
+    assert small_model().output_lengths(n).tolist() == [0, 0, 1, 1, 2, 29]
 
 
 def test_bad_inputs_are_refused_with_the_reason() -> None:
-    model = small_model(xla=False)
+    model = small_model()
     days = torch.zeros(2, dtype=torch.int32, device=CPU)
     with pytest.raises(ValueError, match="features must be"):
         model(torch.zeros(2, 20, 7, dtype=torch.float32, device=CPU), days)
     with pytest.raises(ValueError, match="need at least patch_size=14"):
         model(torch.zeros(2, 13, FEATURE_DIM, dtype=torch.float32, device=CPU), days)
-    with pytest.raises(ValueError, match="built with xla=True but got features on cpu"):
-        small_model(xla=True)(torch.zeros(2, 20, FEATURE_DIM, dtype=torch.float32, device=CPU), days)
     with pytest.raises(ValueError, match="n_days must be >= 1"):
-        GRUDecoder(0, SMALL, xla=False)
+        GRUDecoder(0, SMALL)
 
 
 def test_forward_under_cpu_autocast_gives_bf16_logits() -> None:
     x, days = batch(2, 30)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits = small_model(xla=False)(x.bfloat16(), days)[CTC_HEAD]
+        logits = small_model()(x.bfloat16(), days)[CTC_HEAD]
     assert logits.shape == (2, 5, N_CLASSES) and logits.dtype == torch.bfloat16
     assert torch.isfinite(logits).all()
 
@@ -151,8 +143,8 @@ def test_xla_scan_gru_equals_torch_gru_in_value_and_gradient() -> None:
     for the later f32 call (its cache ignores autocast) and misses by more than 1e-3.
     """
     device = torch_xla.device()
-    cpu_model = small_model(xla=False).eval()
-    xla_model = small_model(xla=True).eval().to(device)
+    cpu_model = small_model().eval()
+    xla_model = small_model().eval().to(device)
     x, days = batch(4, 30, seed=3)
     with torch.autocast("xla", dtype=torch.bfloat16):
         xla_model(x.to(device), days.to(device))[CTC_HEAD].float().sum().backward()
@@ -173,7 +165,7 @@ def test_xla_scan_gru_equals_torch_gru_in_value_and_gradient() -> None:
 
 def test_xla_step_compiles_once_per_shape_with_no_host_fallback() -> None:
     device = torch_xla.device()
-    model = small_model(xla=True).train().to(device)
+    model = small_model().train().to(device)
     x, days = batch(4, 30)
     x, days = x.bfloat16().to(device), days.to(device)
     n_time_steps = torch.tensor([30, 13, 14, 22], dtype=torch.int32, device=device)
@@ -198,7 +190,7 @@ def test_xla_graph_does_not_grow_with_time() -> None:
     """The recurrence is a while-loop per layer and direction, not unrolled: the traced
     forward+backward has the same number of HLO instructions at T=30 and T=510."""
     device = torch_xla.device()
-    model = small_model(xla=True).train().to(device)
+    model = small_model().train().to(device)
     sizes = []
     for n_time in (30, 510):
         model.zero_grad(set_to_none=True)  # drop the last graph rather than run it
@@ -219,8 +211,8 @@ def test_the_forward_is_one_graph_without_a_break() -> None:
     x, days = batch(2, 30)
     device = torch_xla.device()
     try:
-        for xla, dev in ((False, CPU), (True, device)):
-            model = small_model(xla=xla).to(dev).eval()
+        for dev in (CPU, device):
+            model = small_model().to(dev).eval()
             explained = torch._dynamo.explain(model)(x.to(dev), days.to(dev))
             assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
             assert any("gru_layers" in str(n.target) for n in explained.graphs[0].graph.nodes)

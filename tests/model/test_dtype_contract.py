@@ -46,7 +46,7 @@ def filled_batch(shape: BucketShape, cfg: ModelConfig, seed: int) -> Batch:
 @settings(max_examples=15, deadline=None)
 @given(cfg=family_configs())
 def test_every_parameter_is_an_f32_master_weight(cfg):
-    model = build_model(cfg, N_DAYS, xla=False)
+    model = build_model(cfg, N_DAYS)
     dtypes = {name: p.dtype for name, p in model.named_parameters()}
     assert dtypes == dict.fromkeys(dtypes, PARAM_DTYPE)
     days = day_parameters(model)
@@ -61,7 +61,7 @@ def test_every_parameter_is_an_f32_master_weight(cfg):
 @given(cfg=family_configs(), rows=st.integers(2, 4), extra=st.integers(0, 12), seed=st.integers(0, 2**16))
 def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, extra, seed):
     backend = make_backend("eager", "cpu")
-    model = build_model(cfg, N_DAYS, xla=False)
+    model = build_model(cfg, N_DAYS)
     stepper = Stepper(model, None, backend, Config(model=cfg))
     batch = filled_batch(BucketShape(T=cfg.patch_size + extra, B=rows, L=3), cfg, seed)
     activations: list[torch.dtype] = []
@@ -98,7 +98,7 @@ def test_a_bucket_compiles_once_on_xla_while_the_schedules_ramp():
     keep ramping (steps 3..6 of 10), compile nothing and run nothing on the host."""
     cfg = Config(model=SMALL_NOISE_SEPARATING)
     backend = make_backend("xla")
-    model = build_model(cfg.model, N_DAYS, xla=True).to(backend.device)
+    model = build_model(cfg.model, N_DAYS).to(backend.device)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
     batch = filled_batch(BucketShape(T=62, B=4, L=5), cfg.model, seed=1)
     for step in (1, 2):

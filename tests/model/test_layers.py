@@ -79,7 +79,7 @@ def test_xla_bf16_gradients_stay_close_to_float64() -> None:
     """
     n_units, n_layers = 64, 2
     torch.manual_seed(0)
-    gru = GRUStack(256, n_units, n_layers, 0.0, xla=True)
+    gru = GRUStack(256, n_units, n_layers, 0.0)
     gen = torch.Generator(device=CPU).manual_seed(0)
     x = torch.randn(8, 300, 256, generator=gen, dtype=torch.float32, device=CPU)
     h0 = 0.1 * torch.randn(n_layers, 8, n_units, generator=gen, dtype=torch.float32, device=CPU)

@@ -42,7 +42,7 @@ def test_parts_and_their_sizes():
         "noisy": gru_params(D, 12, 1) + 12 * N_CLASSES + N_CLASSES,  # no day layer
     }
     assert count_parameters(SMALL, N_DAYS) == {**parts, "total": sum(parts.values())}
-    keys = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).state_dict()
+    keys = NoiseSeparatingDecoder(N_DAYS, SMALL).state_dict()
     assert {k for k in keys if k.endswith("h0")} == {"noise.gru.h0", "clean.gru.h0", "noisy.gru.h0"}
     assert {k for k in keys if ".day." in k} == {"noise.day.weight", "noise.day.bias", "clean.day.weight", "clean.day.bias"}
 
@@ -56,8 +56,8 @@ def test_the_687m_config_has_687m_parameters_with_45_days():
 def test_at_init_the_clean_head_is_a_gru_decoder_on_the_plain_patches():
     """The NoiseModel's output layer starts at zero: the clean path reads unchanged patches."""
     torch.manual_seed(0)
-    model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).eval()
-    gru = GRUDecoder(N_DAYS, ModelConfig(patch_size=4, patch_stride=2, input_dropout=0.0, gru=PARTS.clean), xla=False)
+    model = NoiseSeparatingDecoder(N_DAYS, SMALL).eval()
+    gru = GRUDecoder(N_DAYS, ModelConfig(patch_size=4, patch_stride=2, input_dropout=0.0, gru=PARTS.clean))
     gru.load_state_dict({k.removeprefix("clean."): v for k, v in model.state_dict().items() if k.startswith("clean.")})
     x, days = inputs()
     torch.testing.assert_close(model(x, days)[CLEAN_HEAD], gru.eval()(x, days)[CTC_HEAD])
@@ -66,7 +66,7 @@ def test_at_init_the_clean_head_is_a_gru_decoder_on_the_plain_patches():
 @pytest.mark.parametrize("scale", [0.5, 2.0])
 def test_the_noisy_loss_reaches_the_noise_model_reversed_and_scaled(scale):
     torch.manual_seed(1)
-    model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).train()
+    model = NoiseSeparatingDecoder(N_DAYS, SMALL).train()
     with torch.no_grad():
         model.noise.out.weight.normal_()  # a nonzero estimate, so gradients reach the noise GRU
     x, days = inputs(seed=2)
@@ -85,7 +85,7 @@ def test_the_noisy_loss_reaches_the_noise_model_reversed_and_scaled(scale):
 
 
 def test_evaluation_runs_only_the_clean_head():
-    model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).eval()
+    model = NoiseSeparatingDecoder(N_DAYS, SMALL).eval()
     x, days = inputs()
     assert set(model(x, days, heads=(CLEAN_HEAD,))) == {CLEAN_HEAD}
     assert set(model(x, days)) == {CLEAN_HEAD, NOISY_HEAD} and model.decode_head == CLEAN_HEAD
@@ -102,7 +102,7 @@ def test_ramps_rise_linearly_from_zero_to_their_value(value, warmup, step):
 def test_the_model_schedules_its_loss_weight_and_reversal():
     cfg = NoiseSeparatingConfig(noisy_loss_weight=0.5, noisy_loss_warmup_steps=10, reversal_scale=2.0,
                                 reversal_warmup_steps=4)
-    model = NoiseSeparatingDecoder(1, ModelConfig(family="noise_separating", noise_separating=cfg), xla=False,
+    model = NoiseSeparatingDecoder(1, ModelConfig(family="noise_separating", noise_separating=cfg),
                                    device=torch.device("meta"))
     assert model.loss_weights(5) == {CLEAN_HEAD: 1.0, NOISY_HEAD: 0.25}
     assert model.schedule(2) == {REVERSAL: 1.0} and model.schedule(400) == {REVERSAL: 2.0}
@@ -122,7 +122,7 @@ def test_bad_noise_separating_values_say_where(override, message):
 def test_the_forward_is_one_graph_with_a_custom_op_per_gru():
     """Three GRU stacks, no cut in dynamo's graph: each is one custom-op node (`b2t::gru_layers`
     on the CPU)."""
-    model = NoiseSeparatingDecoder(N_DAYS, SMALL, xla=False).train()
+    model = NoiseSeparatingDecoder(N_DAYS, SMALL).train()
     x, days = inputs()
     try:
         explained = torch._dynamo.explain(model)(x, days, None, {REVERSAL: torch.tensor([1.0])})

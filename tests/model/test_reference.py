@@ -44,12 +44,12 @@ def reference_logits(
 
 def test_forward_equals_the_baseline_forward_on_its_checkpoint() -> None:
     """Day selection (vs a per-row loop), patch order and h0 expansion, end to end."""
-    donor = small_model(xla=False, seed=1)
+    donor = small_model(seed=1)
     with torch.no_grad():  # days that differ, so a wrong day choice shows
         donor.day.weight.add_(0.1 * torch.randn_like(donor.day.weight))
         donor.day.bias.add_(0.1 * torch.randn_like(donor.day.bias))
     state = reference_state_dict(donor)
-    model = small_model(xla=False).eval()
+    model = small_model().eval()
     model.load_state_dict(from_reference_state_dict(state))
     x, _ = batch(5, 37)
     days = torch.tensor([2, 0, 2, 1, 0], dtype=torch.int32, device=CPU)
@@ -58,14 +58,14 @@ def test_forward_equals_the_baseline_forward_on_its_checkpoint() -> None:
 
 
 def test_reference_state_dict_with_a_missing_day_is_refused() -> None:
-    state = reference_state_dict(small_model(xla=False))
+    state = reference_state_dict(small_model())
     del state["_orig_mod.day_weights.1"]
     with pytest.raises(ValueError, match=r"day_weights\.<d> keys must be numbered 0\.\.n-1"):
         from_reference_state_dict(state)
 
 
 def test_reference_shapes_name_the_baseline_keys():
-    shapes = reference_shapes(small_model(xla=False), 2)
+    shapes = reference_shapes(small_model(), 2)
     assert shapes["day_weights.1"] == (512, 512) and shapes["day_biases.0"] == (1, 512)
     assert shapes["h0"] == (1, 1, SMALL.gru.n_units) and "gru.h0" not in shapes
     assert strip_compile_prefix({"_orig_mod.out.bias": 1, "h0": 2}) == {"out.bias": 1, "h0": 2}

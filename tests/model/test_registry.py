@@ -14,9 +14,9 @@ def test_every_config_family_is_registered():
 
 def test_meta_build_has_the_real_shapes_and_no_storage():
     cfg = ModelConfig()
-    meta = build_model(cfg, 4, xla=False, device=torch.device("meta"))
+    meta = build_model(cfg, 4, device=torch.device("meta"))
     assert {p.device.type for p in meta.parameters()} == {"meta"}
-    real = build_model(cfg, 4, xla=False)
+    real = build_model(cfg, 4)
     assert {k: v.shape for k, v in meta.state_dict().items()} == {k: v.shape for k, v in real.state_dict().items()}
 
 

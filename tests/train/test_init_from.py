@@ -37,7 +37,7 @@ def imported(tmp_path_factory):
     root = tmp_path_factory.mktemp("baseline")
     save_release(root / "release", reference_model(), baseline_args(SESSIONS))
     report = import_baseline(root / "release", root / "imported.safetensors", base=CFG)
-    source = build_model(CFG.model, len(SESSIONS), xla=False)
+    source = build_model(CFG.model, len(SESSIONS))
     load_checkpoint(report.output, source)
     return report.output, source
 
@@ -46,7 +46,7 @@ def test_known_days_keep_their_layers_and_a_new_day_starts_from_identity(importe
     path, source = imported
     sessions = [SESSIONS[2], NEW, SESSIONS[0], SESSIONS[1]]  # another order and one extra session
     torch.manual_seed(1)
-    model = build_model(CFG.model, len(sessions), xla=False)
+    model = build_model(CFG.model, len(sessions))
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
     report = init_from_checkpoint(path, model, sessions, CFG)
     assert report.kept == [SESSIONS[2], SESSIONS[0], SESSIONS[1]] and report.new == [NEW]
@@ -64,7 +64,7 @@ def test_known_days_keep_their_layers_and_a_new_day_starts_from_identity(importe
 def test_another_model_size_is_refused_by_name(imported):
     path, _ = imported
     cfg = config_from_dict({"model": {**MODEL, "gru": {**MODEL["gru"], "n_units": 32}}})
-    model = build_model(cfg.model, 1, xla=False)
+    model = build_model(cfg.model, 1)
     with pytest.raises(InitError, match=r"gru\.weight_hh_l0 is \(72, 24\) in the checkpoint, \(96, 32\) here.*"
                                         r"model\.gru\.n_units=24 in the checkpoint, 32 here"):
         init_from_checkpoint(path, model, [SESSIONS[0]], cfg)

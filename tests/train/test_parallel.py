@@ -78,7 +78,7 @@ def _single_device_checkpoint(shards: Path, path: Path, config: Path = TINY_CONF
 
 def _cpu_weights(path: Path, n_days: int) -> dict[str, torch.Tensor]:
     """The weights of `path` loaded into a model on the CPU (a one-device load)."""
-    model = GRUDecoder(n_days, load_config(TINY_CONFIG).model, xla=False)
+    model = GRUDecoder(n_days, load_config(TINY_CONFIG).model)
     load_checkpoint(path, model)
     return model.state_dict()
 
@@ -164,7 +164,7 @@ def test_fsdp_trains_like_one_device_and_its_checkpoint_evaluates_on_one(hdf5, t
     fsdp = parse_devices(None, mesh).fsdp
 
     assert many["batch_sharding"]["features"] == "{devices=[8,1,1]0,1,2,3,4,5,6,7}", "rows over both axes"
-    model = GRUDecoder(3, load_config(TINY_CONFIG).model, xla=False)
+    model = GRUDecoder(3, load_config(TINY_CONFIG).model)
     for name, p in model.named_parameters():
         assert (many["weight_sharding"][name] == "{replicated}") == (shard_dim(p.shape, fsdp) is None), name
     assert many["grad_sharding"] == many["moment_sharding"] == many["weight_sharding"]["gru.weight_ih_l0"]
@@ -200,7 +200,7 @@ def test_the_noise_separating_family_trains_under_fsdp_like_one_device(hdf5, tmp
     (many,) = probe.results(spmd, tmp_path / "spmd", 1)
     torch.testing.assert_close([s["loss"] for s in many["steps"]], [s["loss"] for s in one["steps"]],
                                rtol=LOSS_RTOL, atol=0.0)
-    model = build_model(load_config(config).model, 3, xla=False)
+    model = build_model(load_config(config).model, 3)
     whole = sum(p.numel() * 4 for p in model.parameters())
     assert all(whole / 4 <= held <= 1.3 * whole / 4 for held in many["state_bytes"]["weights"])
     counts = [s["compilations"] for s in many["steps"]]
@@ -266,7 +266,7 @@ def test_ddp_under_torchrun_splits_shards_and_keeps_replicas_equal(hdf5, tmp_pat
     assert [r["kind"] for r in logs[1]].count("val") == 0, "only rank 0 validates"
     assert sorted(p.name for p in run.glob("*.safetensors")) == ["best.safetensors", "last.safetensors"]
     # rank 0's checkpoint loads on one device and holds the replicas' weights
-    model = GRUDecoder(len(Manifest.load(shards).sessions), load_config(TINY_CONFIG).model, xla=False)
+    model = GRUDecoder(len(Manifest.load(shards).sessions), load_config(TINY_CONFIG).model)
     state = load_checkpoint(run / "last.safetensors", model)
     assert state.step == 4
     assert weights_digest(model) == summaries[0]["weights_sha256"]

@@ -31,7 +31,7 @@ REAL_BUCKETS = list(COMPETITION_BUCKETS)
 
 @given(n_days=st.integers(1, 6), cfg=model_configs())
 def test_parameter_count_is_the_model_s(n_days, cfg):
-    model = GRUDecoder(n_days, cfg, xla=False)
+    model = GRUDecoder(n_days, cfg)
     counts = count_parameters(cfg, n_days)
     assert counts["total"] == sum(p.numel() for p in model.parameters())
     assert counts == {"day": n_days * (512 * 512 + 512), "gru": sum(p.numel() for p in model.gru.parameters()),

@@ -48,7 +48,7 @@ def test_a_loaded_optimizer_state_traces_the_fresh_runs_update_graph(tmp_path):
 
     def stepper() -> Stepper:
         torch.manual_seed(0)
-        model = build_model(cfg.model, 11, xla=True).to(backend.device)  # 11 days: parameter 10 sorts before 2
+        model = build_model(cfg.model, 11).to(backend.device)  # 11 days: parameter 10 sorts before 2
         return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
 
     trained = stepper()
@@ -69,7 +69,7 @@ def test_a_resumed_warm_up_compiles_nothing_the_trained_process_had_not(tmp_path
 
     def model_and_optimizer():
         torch.manual_seed(0)
-        model = build_model(cfg.model, 2, xla=True).to(backend.device)
+        model = build_model(cfg.model, 2).to(backend.device)
         return model, make_optimizer(model, cfg.optim)
 
     model, optimizer = model_and_optimizer()

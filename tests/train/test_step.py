@@ -27,7 +27,7 @@ def test_the_warm_up_leaves_the_training_state_as_it_found_it():
     Eager on the CPU, where the snapshot once aliased the live tensors."""
     cfg = load_config(TINY_CONFIG, ["train.backend=eager"])
     backend = make_backend("eager", "cpu")
-    model = build_model(cfg.model, 2, xla=False).to(backend.device)
+    model = build_model(cfg.model, 2).to(backend.device)
     optimizer = make_optimizer(model, cfg.optim)
     stepper = Stepper(model, optimizer, backend, cfg)
     set_lrs(optimizer, 10, cfg.optim)  # a learning rate well above 0, as at a resume

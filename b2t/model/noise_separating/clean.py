@@ -17,10 +17,10 @@ from b2t.phonemes import N_CLASSES
 class CleanSpeechModel(nn.Module):
     """Its own day layer -> patches - noise estimate -> GRU stack -> phoneme logits (C)."""
 
-    def __init__(self, n_days: int, patch_width: int, cfg: GRUConfig, *, xla: bool, device: torch.device = CPU) -> None:
+    def __init__(self, n_days: int, patch_width: int, cfg: GRUConfig, *, device: torch.device = CPU) -> None:
         super().__init__()
         self.day = DayLayer(n_days, device=device)
-        self.gru = GRUStack(patch_width, cfg.n_units, cfg.n_layers, cfg.rnn_dropout, xla=xla, device=device)
+        self.gru = GRUStack(patch_width, cfg.n_units, cfg.n_layers, cfg.rnn_dropout, device=device)
         self.out = nn.Linear(cfg.n_units, N_CLASSES, device=device, dtype=PARAM_DTYPE)
         nn.init.xavier_uniform_(self.out.weight)
 

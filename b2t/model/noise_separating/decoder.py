@@ -45,20 +45,21 @@ def ramp(step: int, value: float, warmup_steps: int) -> float:
 class NoiseSeparatingDecoder(nn.Module):
     """NoiseModel + CleanSpeechModel + NoisySpeechModel (parts `noise`, `clean`, `noisy`).
 
-    Same construction contract as `GRUDecoder`: parameters made on `device` in f32, `xla`
-    picks how the GRUs run, `forward` returns named CTC heads, `decode_head` is "clean".
+    Same construction contract as `GRUDecoder`: parameters made on `device` in f32, the
+    features' device picks how the GRUs run, `forward` returns named CTC heads, `decode_head`
+    is "clean".
     """
 
     heads = (CLEAN_HEAD, NOISY_HEAD)
     decode_head = CLEAN_HEAD
 
-    def __init__(self, n_days: int, cfg: ModelConfig, *, xla: bool, device: torch.device = CPU) -> None:
+    def __init__(self, n_days: int, cfg: ModelConfig, *, device: torch.device = CPU) -> None:
         super().__init__()
-        self.cfg, self.xla = cfg, xla
+        self.cfg = cfg
         parts, width = cfg.noise_separating, cfg.patch_size * FEATURE_DIM
-        self.noise = NoiseModel(n_days, width, parts.noise, xla=xla, device=device)
-        self.clean = CleanSpeechModel(n_days, width, parts.clean, xla=xla, device=device)
-        self.noisy = NoisySpeechModel(width, parts.noisy, xla=xla, device=device)
+        self.noise = NoiseModel(n_days, width, parts.noise, device=device)
+        self.clean = CleanSpeechModel(n_days, width, parts.clean, device=device)
+        self.noisy = NoisySpeechModel(width, parts.noisy, device=device)
 
     @property
     def n_days(self) -> int:
@@ -94,7 +95,7 @@ class NoiseSeparatingDecoder(nn.Module):
         `heads`: the heads wanted (default both): evaluation asks for "clean" only, and the
         noisy GRU does not run.
         """
-        check_features(features, self.xla)
+        check_features(features)
         masks, p, size, stride = masks or {}, self.cfg.input_dropout, self.cfg.patch_size, self.cfg.patch_stride
         noisy = heads is None or NOISY_HEAD in heads
         noise_in = dropped(self.noise.day(features, day_indices), masks.get("noise_input_keep"), p, self.training)

@@ -20,10 +20,10 @@ class NoiseModel(nn.Module):
     the plain patches, as the GRU decoder does; the estimate grows as the losses ask.
     """
 
-    def __init__(self, n_days: int, patch_width: int, cfg: GRUConfig, *, xla: bool, device: torch.device = CPU) -> None:
+    def __init__(self, n_days: int, patch_width: int, cfg: GRUConfig, *, device: torch.device = CPU) -> None:
         super().__init__()
         self.day = DayLayer(n_days, device=device)
-        self.gru = GRUStack(patch_width, cfg.n_units, cfg.n_layers, cfg.rnn_dropout, xla=xla, device=device)
+        self.gru = GRUStack(patch_width, cfg.n_units, cfg.n_layers, cfg.rnn_dropout, device=device)
         self.out = nn.Linear(cfg.n_units, patch_width, device=device, dtype=PARAM_DTYPE)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
