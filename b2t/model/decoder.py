@@ -15,7 +15,8 @@ that keep the step on the device and its shape fixed:
 
 Checkpoint keys: `day.weight` (n_days, F, F) and `day.bias` (n_days, 1, F) (the baseline
 has one key per day), `gru.*` as the baseline's with `gru.h0` for its `h0`, and `out.*`.
-The layers are the shared ones of `b2t.model.layers`.
+The layers are the shared ones of `b2t.model.layers`, the family interface and the parts
+every family shares `b2t.model.family`.
 
 Dtypes: parameters are f32 master weights; the trainer sets bf16 autocast around the
 forward, so the day layer, the GRU matmuls and the output layer compute in bf16 while the
@@ -30,53 +31,40 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from b2t.buckets import patch_count
 from b2t.config import ModelConfig
 from b2t.contract import FEATURE_DIM, PARAM_DTYPE
-from b2t.model.layers import CPU, DayLayer, GRUStack, check_features, dropped, patch_counts, patches
-from b2t.model.masks import DropoutMask
+from b2t.model.family import PatchingDecoder
+from b2t.model.layers import CPU, DayLayer, GRUStack, check_features, patches
 from b2t.phonemes import N_CLASSES
 
 CTC_HEAD = "ctc"
 
 
-class GRUDecoder(nn.Module):
+class GRUDecoder(PatchingDecoder):
     """Day layer -> patching -> stacked GRU with a learnable initial state -> linear to C classes.
 
     The device of the features picks how the GRU runs (`layers.GRUStack`); the parameters,
     and so the checkpoints, are the same on every device. Parameters are made on the CPU in
     f32: one seed gives the same weights on every backend; move the model with `.to(device)`.
 
-    The model interface the trainer relies on (`b2t.model.registry`): `forward` returns
-    named CTC heads, `decode_head` names the one decoded, `dropout_masks` declares the
-    random masks to draw outside the compiled region, `output_lengths` maps true lengths
-    to patch counts.
+    A `b2t.model.family.ModelFamily`: one CTC head, decoded; masks `input_keep` after the
+    day layer and `rnn_keep` between the GRU's layers.
     """
 
     heads = (CTC_HEAD,)
     decode_head = CTC_HEAD
+    input_masks = ("input_keep",)
 
     def __init__(self, n_days: int, cfg: ModelConfig, *, device: torch.device = CPU) -> None:
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.day = DayLayer(n_days, device=device)
         g = cfg.gru
         self.gru = GRUStack(cfg.patch_size * FEATURE_DIM, g.n_units, g.n_layers, g.rnn_dropout, device=device)
         self.out = nn.Linear(g.n_units, N_CLASSES, device=device, dtype=PARAM_DTYPE)
         nn.init.xavier_uniform_(self.out.weight)
 
-    @property
-    def n_days(self) -> int:
-        return self.day.n_days
-
-    def dropout_masks(self, n_rows: int, n_time: int) -> dict[str, DropoutMask]:
-        """Input dropout after the day layer and dropout between GRU layers, as masks the
-        step draws (`b2t.model.masks`): under torch.compile(openxla) a dropout inside the
-        graph drew the same mask every step (measured: val PER stuck near 1 while the lazy
-        backend learned)."""
-        n_patches = patch_count(n_time, self.cfg.patch_size, self.cfg.patch_stride)
-        return {"input_keep": DropoutMask((n_rows, n_time, FEATURE_DIM), self.cfg.input_dropout),
-                **self.gru.dropout_masks("rnn_keep", n_rows, n_patches)}
+    def masked_grus(self) -> dict[str, GRUStack]:
+        return {"rnn_keep": self.gru}
 
     def schedule(self, step: int) -> dict[str, float]:
         """Per-step values the forward reads: none in this family."""
@@ -94,18 +82,13 @@ class GRUDecoder(nn.Module):
         `masks`: ready-made masks for `dropout_masks` (0 or 1/(1-p)); without them (evaluation,
         or a caller that wants module dropout) `nn.functional.dropout` acts in training mode.
         `schedule` and `heads`: this family reads no schedule and has one head (the
-        registry's interface passes both to every family).
+        family interface passes both to every family).
 
         P = (T - patch_size) // patch_stride + 1: the output covers the whole padded T;
         `output_lengths` says how many patches of each row hold real data.
         """
         check_features(features)
-        x = self.day(features, day_indices)  # (B, T, F)
-        x = dropped(x, (masks or {}).get("input_keep"), self.cfg.input_dropout, self.training)
+        x = self.input_dropped(self.day(features, day_indices), masks or {}, "input_keep")  # (B, T, F)
         x = patches(x, self.cfg.patch_size, self.cfg.patch_stride)  # (B, P, size*F)
         y = self.gru(x, (masks or {}).get("rnn_keep"))  # (B, P, H)
         return {CTC_HEAD: self.out(y)}  # (B, P, C)
-
-    def output_lengths(self, n_time_steps: torch.Tensor) -> torch.Tensor:
-        """Patches holding real data per row (int32, 0 below one patch), from true lengths (B,)."""
-        return patch_counts(n_time_steps, self.cfg.patch_size, self.cfg.patch_stride)

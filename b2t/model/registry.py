@@ -1,37 +1,25 @@
 """Model families by name: the one place the trainer, evaluator, planner and importer build a model.
 
 `model.family` in the config picks the family; `model.<family>` holds its sizes. Every
-family implements the interface of `GRUDecoder`, which the step relies on:
-
-- `forward(features (B, T, F), day_indices (B,), masks, schedule, heads) -> {head: logits (B, P, C)}`:
-  one or more CTC heads (those in `heads`, default all), each trained with its own CTC
-  loss (named losses in the metrics);
-- `loss_weights(step) -> {head: weight}`: the objective is the weighted sum of the heads'
-  losses; `schedule(step) -> {name: value}`: per-step values the forward reads. The step
-  uploads both as (1,) tensors, so a ramping value never changes the graph;
-- `heads`: the names of those heads; `decode_head`: the one validation, `b2t-eval` and the CSV decode;
-- `dropout_masks(n_rows, n_time) -> {name: DropoutMask}`: the random masks the step draws
-  outside the compiled region and passes in `masks`;
-- `output_lengths(n_time_steps (B,)) -> (B,) int32`: frames of each row's true length.
+family is a `b2t.model.family.ModelFamily` (the interface the step relies on, written down
+there) built by its `FamilyConstructor`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-from torch import nn
 
 from b2t.config import MODEL_FAMILIES, ModelConfig
 from b2t.model.decoder import GRUDecoder
+from b2t.model.family import FamilyConstructor, ModelFamily
 from b2t.model.layers import CPU
 from b2t.model.noise_separating import NoiseSeparatingDecoder
 
-FAMILIES: dict[str, Callable[..., nn.Module]] = {"gru": GRUDecoder, "noise_separating": NoiseSeparatingDecoder}
+FAMILIES: dict[str, FamilyConstructor] = {"gru": GRUDecoder, "noise_separating": NoiseSeparatingDecoder}
 assert tuple(FAMILIES) == MODEL_FAMILIES, "b2t.config.MODEL_FAMILIES and the registry must list the same families"
 
 
-def build_model(cfg: ModelConfig, n_days: int, *, device: torch.device = CPU) -> nn.Module:
+def build_model(cfg: ModelConfig, n_days: int, *, device: torch.device = CPU) -> ModelFamily:
     """The model of `cfg.family` with `n_days` day layers, made on `device` in f32.
 
     The same model runs on every device (the recurrences follow their input's device: XLA

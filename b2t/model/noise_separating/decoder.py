@@ -19,13 +19,11 @@ Shape legend: B rows, T bins, F = 512 features, P patches, D = patch_size * F, C
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from b2t.buckets import patch_count
 from b2t.config import ModelConfig
 from b2t.contract import FEATURE_DIM
-from b2t.model.layers import CPU, check_features, dropped, patch_counts, patches
-from b2t.model.masks import DropoutMask
+from b2t.model.family import PatchingDecoder
+from b2t.model.layers import CPU, GRUStack, check_features, patches
 from b2t.model.noise_separating.clean import CleanSpeechModel
 from b2t.model.noise_separating.noise import NoiseModel
 from b2t.model.noise_separating.noisy import NoisySpeechModel
@@ -42,7 +40,7 @@ def ramp(step: int, value: float, warmup_steps: int) -> float:
     return value if step >= warmup_steps else value * step / warmup_steps
 
 
-class NoiseSeparatingDecoder(nn.Module):
+class NoiseSeparatingDecoder(PatchingDecoder):
     """NoiseModel + CleanSpeechModel + NoisySpeechModel (parts `noise`, `clean`, `noisy`).
 
     Same construction contract as `GRUDecoder`: parameters made on `device` in f32, the
@@ -52,28 +50,17 @@ class NoiseSeparatingDecoder(nn.Module):
 
     heads = (CLEAN_HEAD, NOISY_HEAD)
     decode_head = CLEAN_HEAD
+    input_masks = ("noise_input_keep", "clean_input_keep")
 
     def __init__(self, n_days: int, cfg: ModelConfig, *, device: torch.device = CPU) -> None:
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         parts, width = cfg.noise_separating, cfg.patch_size * FEATURE_DIM
         self.noise = NoiseModel(n_days, width, parts.noise, device=device)
         self.clean = CleanSpeechModel(n_days, width, parts.clean, device=device)
         self.noisy = NoisySpeechModel(width, parts.noisy, device=device)
 
-    @property
-    def n_days(self) -> int:
-        return self.clean.day.n_days
-
-    def dropout_masks(self, n_rows: int, n_time: int) -> dict[str, DropoutMask]:
-        """Input dropout after each day layer and dropout between each GRU's layers, as
-        masks the step draws (as the GRU decoder's)."""
-        shape, p = (n_rows, n_time, FEATURE_DIM), self.cfg.input_dropout
-        n_patches = patch_count(n_time, self.cfg.patch_size, self.cfg.patch_stride)
-        masks = {"noise_input_keep": DropoutMask(shape, p), "clean_input_keep": DropoutMask(shape, p)}
-        for part in PARTS:
-            masks.update(getattr(self, part).gru.dropout_masks(f"{part}_rnn_keep", n_rows, n_patches))
-        return masks
+    def masked_grus(self) -> dict[str, GRUStack]:
+        return {f"{part}_rnn_keep": getattr(self, part).gru for part in PARTS}
 
     def schedule(self, step: int) -> dict[str, float]:
         """The gradient-reversal scale at `step`."""
@@ -96,10 +83,10 @@ class NoiseSeparatingDecoder(nn.Module):
         noisy GRU does not run.
         """
         check_features(features)
-        masks, p, size, stride = masks or {}, self.cfg.input_dropout, self.cfg.patch_size, self.cfg.patch_stride
+        masks, size, stride = masks or {}, self.cfg.patch_size, self.cfg.patch_stride
         noisy = heads is None or NOISY_HEAD in heads
-        noise_in = dropped(self.noise.day(features, day_indices), masks.get("noise_input_keep"), p, self.training)
-        clean_in = dropped(self.clean.day(features, day_indices), masks.get("clean_input_keep"), p, self.training)
+        noise_in = self.input_dropped(self.noise.day(features, day_indices), masks, "noise_input_keep")
+        clean_in = self.input_dropped(self.clean.day(features, day_indices), masks, "clean_input_keep")
         noise = self.noise.estimate(patches(noise_in, size, stride), masks.get("noise_rnn_keep"))  # (B, P, D)
         if self.cfg.noise_separating.zero_noise_estimate:  # the ablation without a NoiseModel
             noise = torch.zeros_like(noise)
@@ -109,7 +96,3 @@ class NoiseSeparatingDecoder(nn.Module):
             reversal = None if schedule is None else schedule[REVERSAL]
             out[NOISY_HEAD] = self.noisy.out(self.noisy.hidden(noise, reversal, masks.get("noisy_rnn_keep")))
         return out
-
-    def output_lengths(self, n_time_steps: torch.Tensor) -> torch.Tensor:
-        """Patches holding real data per row (int32, 0 below one patch), from true lengths (B,)."""
-        return patch_counts(n_time_steps, self.cfg.patch_size, self.cfg.patch_stride)
