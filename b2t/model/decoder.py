@@ -49,8 +49,8 @@ class GRUDecoder(nn.Module):
 
     The model interface the trainer relies on (`b2t.model.registry`): `forward` returns
     named CTC heads, `decode_head` names the one decoded, `dropout_masks` declares the
-    random masks to draw outside the compiled region, `output_lengths` maps true lengths
-    to patch counts.
+    random masks the step draws inside its compiled region from the step's draws,
+    `output_lengths` maps true lengths to patch counts.
     """
 
     heads = (CTC_HEAD,)

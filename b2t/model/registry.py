@@ -11,7 +11,7 @@ family implements the interface of `GRUDecoder`, which the step relies on:
   uploads both as (1,) tensors, so a ramping value never changes the graph;
 - `heads`: the names of those heads; `decode_head`: the one validation, `b2t-eval` and the CSV decode;
 - `dropout_masks(n_rows, n_time) -> {name: DropoutMask}`: the random masks the step draws
-  outside the compiled region and passes in `masks`;
+  inside its compiled region, from the step's draws, and passes in `masks`;
 - `output_lengths(n_time_steps (B,)) -> (B,) int32`: frames of each row's true length.
 """
 
