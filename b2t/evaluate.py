@@ -27,7 +27,8 @@ from b2t.progress import progress_bar
 from b2t.text import normalize_text
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
-from b2t.train.step import Stepper, WarmUpReport
+from b2t.train.step import Stepper
+from b2t.train.warmup import WarmUpReport, warm_up
 from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
 
@@ -184,11 +185,11 @@ class Evaluator:
         )
 
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
-        """Compile each bucket's eval graph before any real batch (`Stepper.warm_up`, the
+        """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the
         recipe training uses too)."""
         with progress_bar(total=0, bar_format="{desc}", disable=not progress) as bar:
             report = WarmUpReport(bar, self.backend)
-            self.stepper.warm_up(manifest.buckets, report, log_probs=log_probs)
+            warm_up(self.stepper, manifest.buckets, report, log_probs=log_probs)
             report("")
 
     def run(self, dataset: str | Path, split: str, *, log_probs: bool = False,

@@ -1,5 +1,6 @@
 """Suite-wide settings: the XLA device is the CPU one (compiled with the faster loop emitters),
-hypothesis prints reproduction blobs."""
+b2t's process-wide settings made once, before any test (`b2t.train.process`: no test depends
+on which test made them first), hypothesis prints reproduction blobs."""
 
 import os
 
@@ -15,6 +16,10 @@ if CPU_CODEGEN_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
 
 import torch_xla  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from b2t.train.process import configure_process  # noqa: E402
+
+configure_process("openxla")  # every non-SPMD setting: openxla's are a superset of the other backends'
 
 # Create the XLA device before any CPU backward runs: otherwise the autograd engine's
 # device queues are set up without it and the first XLA backward fails an internal assert.

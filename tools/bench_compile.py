@@ -45,10 +45,11 @@ from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.private_api import graph_breaks
-from b2t.train.backend import make_backend
+from b2t.train.backend import Backend, make_backend
 from b2t.train.loop import run_model
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
+from b2t.train.warmup import warm_up
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
 
@@ -108,6 +109,15 @@ def synthetic_batch(T: int, B: int, n_days: int, seed: int) -> dict[str, torch.T
     return batch
 
 
+def wait(backend: Backend) -> None:
+    """Block until the device has finished queued work, so a timing covers it."""
+    if backend.xla:
+        backend.sync()
+        xm.wait_device_ops()
+    elif backend.device.type == "cuda":
+        torch.cuda.synchronize(backend.device)
+
+
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -143,7 +153,7 @@ def first_step_seconds(pipeline: str, manifest: Manifest, lengths: list[int], B:
 
         def step(T: int, i: int) -> None:
             stepper.train_step([Batch(0, synthetic_batch(T, B, n_days, i), {}).to(device)], step=i + 1)
-            stepper.backend.wait()
+            wait(stepper.backend)
     return [timed(lambda: step(T, i)) for i, T in enumerate(lengths)]
 
 
@@ -179,14 +189,14 @@ def warm_up_counts(pipeline: str, shards: Path, manifest: Manifest, steps: int) 
     evaluation pass after it), in a fresh process."""
     stepper, device = _stepper(pipeline, manifest)
     start = compilations()
-    stepper.warm_up(manifest.buckets, lambda what: None)
+    warm_up(stepper, manifest.buckets, lambda what: None)
     warm = compilations()
     batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
     for i, batch in enumerate(batches):
         stepper.train_step([batch], i + 1)
     for batch in batches[: len(manifest.buckets) * 2]:
         stepper.eval_step(batch)
-    stepper.backend.wait()
+    wait(stepper.backend)
     return warm - start, compilations() - warm
 
 
@@ -197,8 +207,8 @@ def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) ->
     batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
     for b in batches:
         stepper.train_step([b], 1)
-    stepper.backend.wait()
-    times = [timed(lambda: (stepper.train_step([b], i + 2), stepper.backend.wait())) for i, b in enumerate(batches)]
+    wait(stepper.backend)
+    times = [timed(lambda: (stepper.train_step([b], i + 2), wait(stepper.backend))) for i, b in enumerate(batches)]
     return 1.0 / statistics.median(times), graph_breaks()
 
 

@@ -31,7 +31,7 @@ def training_state_bytes(mesh_cfg: MeshConfig, overrides: tuple[str, ...], shape
     from b2t.train.step import Stepper
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla", *overrides])
-    backend = make_backend("xla", mesh=enable_spmd(mesh_cfg))
+    backend = make_backend("xla", mesh=enable_spmd(mesh_cfg, "xla"))
     model = build_model(cfg.model, 4).to(backend.device)
     optimizer = make_optimizer(model, cfg.optim)
     stepper = Stepper(model, optimizer, backend, cfg)

@@ -52,7 +52,7 @@ class ModelFamily(Protocol):
         ...
 
     def dropout_masks(self, n_rows: int, n_time: int) -> dict[str, DropoutMask]:
-        """The random masks, by name, the step draws outside the compiled region for a
+        """The random masks, by name, the step draws inside its compiled region (from the step's draws) for a
         (B, T) batch and passes in `masks` (`b2t.model.masks`)."""
         ...
 

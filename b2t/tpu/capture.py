@@ -187,7 +187,7 @@ def trace_backend(mesh_cfg: MeshConfig | None) -> TraceBackend:
     from b2t.train.backend import make_backend
     from b2t.train.mesh import enable_spmd
 
-    mesh = enable_spmd(mesh_cfg) if mesh_cfg is not None and mesh_cfg.data * mesh_cfg.fsdp > 1 else None
+    mesh = enable_spmd(mesh_cfg, "xla") if mesh_cfg is not None and mesh_cfg.data * mesh_cfg.fsdp > 1 else None
     base = make_backend("xla", mesh=mesh)
     return TraceBackend(base.name, base.device, base.mesh, base.baseline)
 

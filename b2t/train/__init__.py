@@ -1,7 +1,12 @@
-"""Training: augmentations, optimizer and schedules, the compiled step, the loop and checkpoints.
+"""Training: from a device batch to checkpoints and metrics.
 
-Modules: `augment` (fixed-shape on-device augmentations), `optim` (AdamW groups and
-learning-rate schedules), `backend` (how a step is compiled: openxla, inductor, eager),
-`step` (the one step function), `checkpoint` (atomic, pickle-free checkpoints) and
-`loop` (the `b2t-train` run).
+Modules: `process` (the process-wide settings, made once at start-up), `backend` (how a
+step is compiled: openxla, xla, inductor, eager; uploads and device placement), `devices`
+and `mesh` (which XLA device, SPMD meshes and fsdp sharding), `parallel` (torchrun DDP),
+`augment` (fixed-shape on-device augmentations), `rng` (the step's random draws), `optim`
+(AdamW groups and learning-rate schedules), `device_state` (gradients and AdamW state made
+up front, the warm-up's snapshot), `step` (the one step function), `warmup` (every graph
+compiled before the first step), `checkpoint` (atomic, pickle-free checkpoints),
+`init_from` (fine-tuning from another run's weights), `metrics_log` (metrics.jsonl and
+TensorBoard), `plan` (the memory planner of `--plan`) and `loop` (the `b2t-train` run).
 """

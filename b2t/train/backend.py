@@ -11,9 +11,11 @@
 
 The backend changes how the step is compiled, never what it computes. Everything that
 differs between devices lives here: which device, how batches get onto it (sharded over
-an SPMD mesh when there is one, see `mesh`), how to compile, how to wait for the
-device, where a step's random draws come from, and (on XLA) how many compilations and host fallbacks the
-run has caused so far, read from `torch_xla.debug.metrics`.
+an SPMD mesh when there is one, see `mesh`), how host values and zeros become device data
+(`upload`, `zeros`), how to compile, how to cut and run the lazy graph, where a step's random
+draws come from, and (on XLA) how many compilations and host fallbacks the run has caused so
+far, read from `torch_xla.debug.metrics`. The training state made up front and the warm-up's
+snapshot of it are in `device_state`; the process-wide settings in `process`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from b2t.config import BACKENDS, XLA_BACKENDS
-from b2t.contract import COMPUTE_DTYPE
-from b2t.private_api import aot_autograd, openxla_eval_boxed, raise_recompile_limit, scalars_as_device_data
-from b2t.train.devices import select_pjrt_device
+from b2t.config import XLA_BACKENDS
+from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE
+from b2t.private_api import aot_autograd, openxla_eval_boxed
 from b2t.train.mesh import SpmdMesh
+from b2t.train.process import configure_process
 from b2t.train.rng import CounterRng, Rng, TorchRng
 
 
@@ -99,6 +101,22 @@ class Backend:
         XLA is a graph of its own). Gradients and AdamW moments start so."""
         return torch.zeros(like.shape, dtype=like.dtype, device="cpu").to(like.device)
 
+    def upload(self, value: float, dtype: torch.dtype = LOSS_DTYPE, shape: tuple[int, ...] = (1,)) -> torch.Tensor:
+        """`value` as a tensor copied from the host (whole on every device of a mesh): device
+        data whatever the value, so the graph that reads it is the same for every value.
+
+        Per-step inputs come so: a step's seed, the model's schedule values and loss weights
+        (a ramp through 0 or 1 would otherwise be baked in as a constant, torch_xla's special
+        scalars), fresh loss totals (a 0-dim zero, even uploaded, is such a constant:
+        `b2t.xla_workarounds`: special-scalars), and the objective's 0-dim gradient seed (a
+        lazily computed one is one more graph).
+        """
+        return self.replicated(torch.full(shape, value, dtype=dtype, device="cpu"))
+
+    def uploads(self, values: dict[str, float]) -> dict[str, torch.Tensor]:
+        """Named per-step values, each uploaded as a (1,) f32 tensor (`upload`)."""
+        return {name: self.upload(v) for name, v in values.items()}
+
     def compile(self, fn: Callable) -> Callable:
         """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
         if self.name in ("eager", "xla"):
@@ -109,9 +127,6 @@ class Backend:
             backend = "openxla"
         else:
             backend = spmd_openxla()
-        # One dynamo graph per bucket shape: past the recompile limit dynamo would silently
-        # run a bucket eagerly, so lift the limit well above any sensible bucket count.
-        raise_recompile_limit(64)
         return torch.compile(fn, backend=backend, dynamic=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -128,16 +143,6 @@ class Backend:
             import torch_xla
 
             torch_xla.sync(wait=self.mesh is not None)
-
-    def wait(self) -> None:
-        """Block until the device has finished queued work (for timing)."""
-        if self.xla:
-            import torch_xla.core.xla_model as xm
-
-            self.sync()
-            xm.wait_device_ops()
-        elif self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def seed(self, seed: int) -> None:
         """Seed torch's RNG on the device (`TorchRng` draws from it): reseeding per step makes
@@ -180,17 +185,13 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
     """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU).
 
     `mesh` (XLA only, from `mesh.enable_spmd`) makes every batch data-parallel over it.
+    Makes the process-wide settings the backend needs first (`process.configure_process`).
     """
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    configure_process(name, spmd=mesh is not None)
     if name in XLA_BACKENDS:
-        select_pjrt_device()
         import torch_xla
 
-        scalars_as_device_data()  # else AdamW's zero step counters add graphs (see private_api)
         return Backend(name, torch.device(device) if device else torch_xla.device(), mesh, _xla_counts())
-    if mesh is not None:
-        raise ValueError(f"an SPMD mesh needs an XLA backend, not {name!r}")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     return Backend(name, torch.device(device))

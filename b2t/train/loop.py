@@ -36,6 +36,7 @@ from b2t.data.manifest import Manifest
 from b2t.decoding import decode_batches, summarize
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
+from b2t.train import warmup
 from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
@@ -43,7 +44,7 @@ from b2t.train.mesh import check_divisible, host_copy
 from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
-from b2t.train.step import Stepper, WarmUpReport
+from b2t.train.step import TOTAL, Stepper
 
 LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
 
@@ -164,7 +165,7 @@ class Run:
     def log_losses(self, norm: torch.Tensor) -> None:
         """Read back the window's mean losses (the loop's host sync) and log them with the rates."""
         losses = {k: v / self.window for k, v in self.stepper.take_losses().items()}
-        mean_loss = losses.pop("total")
+        mean_loss = losses.pop(TOTAL)
         if not math.isfinite(mean_loss):
             last = self.run_dir / LAST
             raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - self.window + 1}.."
@@ -241,13 +242,13 @@ def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
 
 def warm_up(run: Run, opts: RunOptions) -> CompileStats:
     """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
-    progress = WarmUpReport(run.bar, run.backend)
+    progress = warmup.WarmUpReport(run.bar, run.backend)
 
     def report(what: str) -> None:
         check_compiles(run, opts, f"in the warm-up, before the {what or 'loop'}")
         progress(what)
 
-    run.stepper.warm_up(run.manifest.buckets, report)
+    warmup.warm_up(run.stepper, run.manifest.buckets, report)
     report("")
     warm = run.backend.stats()
     run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), **warm.to_dict())

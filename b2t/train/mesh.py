@@ -17,13 +17,13 @@ Still one graph per bucket. The annotations stay on the tensors through in-place
 tensor back whole (`.cpu()` assembles the shards), so files do not depend on the mesh.
 
 torch_xla 2.9 behaviours this module works around are listed in `b2t.xla_workarounds`
-(`spmd-*` entries): `enable_spmd` turns parameter aliasing off before the runtime starts,
-and the backend waits for each step and compiles openxla's backward lazily under a mesh.
+(`spmd-*` entries): `enable_spmd` turns parameter aliasing off before the runtime starts
+(`process.configure_process`), and the backend waits for each step and compiles openxla's
+backward lazily under a mesh.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -33,7 +33,8 @@ from torch import nn
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
 from b2t.private_api import local_shard_indices, local_shards, sharding_spec
-from b2t.train.devices import select_pjrt_device, xla_rank_world
+from b2t.train.devices import xla_rank_world
+from b2t.train.process import configure_process
 
 DATA_AXIS, FSDP_AXIS = "data", "fsdp"
 BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
@@ -237,11 +238,11 @@ def device_bytes(tensors: Iterable[torch.Tensor]) -> list[int]:
     return per_device
 
 
-def enable_spmd(cfg: MeshConfig) -> SpmdMesh:
-    """Switch this process to SPMD over the mesh `cfg` (data -1: every device fsdp leaves). Call
-    before any XLA work: torch_xla's `use_spmd()` must run before the first XLA computation."""
-    select_pjrt_device()
-    os.environ.setdefault("XLA_ENABLE_PARAM_ALIASING", "0")  # b2t.xla_workarounds: spmd-param-aliasing
+def enable_spmd(cfg: MeshConfig, backend_name: str) -> SpmdMesh:
+    """Switch this process to SPMD (`process.configure_process`) for `backend_name` over the
+    mesh `cfg` (data -1: every device fsdp leaves). Call before any XLA work: the SPMD
+    settings must be made before the runtime starts and the first XLA computation."""
+    configure_process(backend_name, spmd=True)
     import torch_xla.runtime as xr
 
     _check_jax()
@@ -251,7 +252,6 @@ def enable_spmd(cfg: MeshConfig) -> SpmdMesh:
             f"SPMD over {hosts} hosts needs every host on the same bucket at every step, which the shard "
             "reader does not guarantee yet: train on one host's devices (a v5e-8 host has 8)"
         )
-    xr.use_spmd()
     n = xr.global_runtime_device_count()
     if n % cfg.fsdp:
         raise ParallelError(f"fsdp={cfg.fsdp} does not divide the {n} devices: choose a divisor of {n}")

@@ -110,7 +110,7 @@ def make_layout(backend: str, mesh_cfg: MeshConfig) -> tuple[Layout, SpmdMesh | 
                                 "run b2t-train --devices all without torchrun")
         if requested is None:
             return Layout("single"), None, None
-        mesh = enable_spmd(mesh_cfg)
+        mesh = enable_spmd(mesh_cfg, backend)
         return Layout("spmd", devices=mesh.n_devices, fsdp=mesh.fsdp), mesh, None
     if mesh_cfg.fsdp > 1:
         raise ParallelError(f"--backend {backend} does not shard weights: mesh.fsdp needs --backend xla or openxla")

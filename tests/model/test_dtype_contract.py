@@ -19,7 +19,7 @@ from b2t.model.layers import DayLayer, GRUStack, day_parameters
 from b2t.model.registry import build_model
 from b2t.train.backend import make_backend
 from b2t.train.optim import make_optimizer
-from b2t.train.step import Stepper
+from b2t.train.step import TOTAL, Stepper
 from tests.strategies import family_configs
 
 N_DAYS = 3
@@ -109,4 +109,4 @@ def test_a_bucket_compiles_once_on_xla_while_the_schedules_ramp():
     assert _compile_count() == warm
     assert not [name for name in met.counter_names() if name.startswith("aten::")]
     losses = stepper.take_losses()
-    assert set(losses) == {"total", *model.heads} and all(map(math.isfinite, losses.values()))
+    assert set(losses) == {TOTAL, *model.heads} and all(map(math.isfinite, losses.values()))

@@ -146,7 +146,7 @@ def main() -> None:
         cfg = parse_devices("all", None) if text == "all" else parse_devices(None, text)
         out = args.out_dir / f"mesh{i}"
         out.mkdir(parents=True, exist_ok=True)
-        result = run(args.shards, args.init, out, enable_spmd(cfg), args.backend, args.steps, args.config)
+        result = run(args.shards, args.init, out, enable_spmd(cfg, args.backend), args.backend, args.steps, args.config)
         (out / "probe.json").write_text(json.dumps(result))
 
 

@@ -22,6 +22,7 @@ from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
+from b2t.train.warmup import warm_up
 
 BUCKET = BucketShape(T=30, B=4, L=8)
 
@@ -74,7 +75,7 @@ def test_a_resumed_warm_up_compiles_nothing_the_trained_process_had_not(tmp_path
 
     model, optimizer = model_and_optimizer()
     stepper = Stepper(model, optimizer, backend, cfg)
-    stepper.warm_up([BUCKET], lambda what: None)
+    warm_up(stepper, [BUCKET], lambda what: None)
     for step in (1, 2, 3):
         stepper.train_step([Batch(0, empty_batch(BUCKET), {})], step)
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, TrainState(step=3))
@@ -82,7 +83,7 @@ def test_a_resumed_warm_up_compiles_nothing_the_trained_process_had_not(tmp_path
 
     model, optimizer = model_and_optimizer()
     load_checkpoint(tmp_path / "last.safetensors", model, optimizer)  # before the Stepper, as the trainer does
-    Stepper(model, optimizer, backend, cfg).warm_up([BUCKET], lambda what: None)
+    warm_up(Stepper(model, optimizer, backend, cfg), [BUCKET], lambda what: None)
     assert backend.stats().compilations == trained
 
 

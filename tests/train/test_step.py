@@ -11,6 +11,7 @@ from b2t.model.registry import build_model
 from b2t.train.backend import make_backend
 from b2t.train.optim import make_optimizer, set_lrs
 from b2t.train.step import Stepper
+from b2t.train.warmup import warm_up
 
 
 def _training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -32,7 +33,7 @@ def test_the_warm_up_leaves_the_training_state_as_it_found_it():
     stepper = Stepper(model, optimizer, backend, cfg)
     set_lrs(optimizer, 10, cfg.optim)  # a learning rate well above 0, as at a resume
     before = _training_state(model, optimizer)
-    stepper.warm_up([BucketShape(T=30, B=4, L=8), BucketShape(T=62, B=4, L=8)], lambda what: None)
+    warm_up(stepper, [BucketShape(T=30, B=4, L=8), BucketShape(T=62, B=4, L=8)], lambda what: None)
     after = _training_state(model, optimizer)
     assert after.keys() == before.keys()
     changed = [k for k in before if not torch.equal(before[k], after[k])]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from tqdm import tqdm
 
-from b2t.train.step import WarmUpReport
+from b2t.train.warmup import WarmUpReport
 
 
 class FakeBackend:
