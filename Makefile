@@ -19,10 +19,11 @@ else
 $(error TARGET=$(TARGET): choose tpu or cpu)
 endif
 STAMP   := $(VENV)/.b2t-installed-$(TARGET)
+BUILD_BINARY := $(VENV)/bin/build_binary
 
 .PHONY: install demo demo-noise test test-all lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(BUILD_BINARY)
 
 # Re-runs only when pyproject.toml changes (or .venv is missing): idempotent and quick.
 # The `spmd` extra (jax, torchax) is for XLA data-parallel runs; the suite tests them.
@@ -31,6 +32,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# KenLM's build_binary, which `b2t-lm build -o lm.bin` runs: compiled from the pinned kenlm
+# sdist's sources (g++ only, ~20 s of one core), once per .venv.
+$(BUILD_BINARY): tools/build_kenlm_binary.sh | $(STAMP)
+	bash tools/build_kenlm_binary.sh $(PY) $@
 
 # End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training ->
 # PER/WER on val -> competition CSV for test. Re-running resumes or skips finished work.
