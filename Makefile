@@ -47,11 +47,11 @@ demo: install
 	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config $(DEMO_CONFIG) --backend openxla \
 		$(if $(wildcard $(DEMO)/run/last.safetensors),--resume)
 	$(VENV)/bin/b2t-report $(DEMO)/run
-	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.arpa
+	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.bin
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split val \
-		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_val
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.bin --out $(DEMO)/eval_val
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split test \
-		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.bin --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
 
 # The same job with the noise-separating family (configs/noise_tiny.yaml) on data with
 # structured non-speech noise (a drifting rank-4 component per trial).
