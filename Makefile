@@ -19,10 +19,11 @@ else
 $(error TARGET=$(TARGET): choose tpu or cpu)
 endif
 STAMP   := $(VENV)/.b2t-installed-$(TARGET)
+BUILD_BINARY := $(VENV)/bin/build_binary
 
 .PHONY: install demo demo-noise test test-all lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(BUILD_BINARY)
 
 # Re-runs only when pyproject.toml changes (or .venv is missing): idempotent and quick.
 # The `spmd` extra (jax, torchax) is for XLA data-parallel runs; the suite tests them.
@@ -31,6 +32,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# KenLM's build_binary, which `b2t-lm build -o lm.bin` runs: compiled from the pinned kenlm
+# sdist's sources (g++ only, ~20 s of one core), once per .venv.
+$(BUILD_BINARY): tools/build_kenlm_binary.sh | $(STAMP)
+	bash tools/build_kenlm_binary.sh $(PY) $@
 
 # End to end on an embedded synthetic dataset: HDF5 -> shards -> compiled training ->
 # PER/WER on val -> competition CSV for test. Re-running resumes or skips finished work.
@@ -41,11 +47,11 @@ demo: install
 	$(VENV)/bin/b2t-train $(DEMO)/shards $(DEMO)/run --config $(DEMO_CONFIG) --backend openxla \
 		$(if $(wildcard $(DEMO)/run/last.safetensors),--resume)
 	$(VENV)/bin/b2t-report $(DEMO)/run
-	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.arpa
+	$(VENV)/bin/b2t-lm build $(DEMO)/hdf5/corpus.txt -o $(DEMO)/lm.bin
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split val \
-		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_val
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.bin --out $(DEMO)/eval_val
 	$(VENV)/bin/b2t-eval $(DEMO)/run/best.safetensors $(DEMO)/shards --split test \
-		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.arpa --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
+		--lexicon $(DEMO)/hdf5/lexicon.txt --lm $(DEMO)/lm.bin --out $(DEMO)/eval_test --csv $(DEMO)/submission.csv
 
 # The same job with the noise-separating family (configs/noise_tiny.yaml) on data with
 # structured non-speech noise (a drifting rank-4 component per trial).

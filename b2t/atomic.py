@@ -37,6 +37,20 @@ def _default_mode() -> int:
 
 
 @contextmanager
+def _temp_beside(path: Path) -> Iterator[tuple[int, str]]:
+    """(fd, name) of a new temp file in `path`'s directory, removed if the block raises."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        yield fd, tmp
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a write or fsync (a full disk) names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        raise
+
+
+@contextmanager
 def atomic_file(path: Path, *, buffering: int = -1) -> Iterator[BinaryIO]:
     """A binary file that becomes `path` when the block exits cleanly (and is removed otherwise).
 
@@ -44,20 +58,32 @@ def atomic_file(path: Path, *, buffering: int = -1) -> Iterator[BinaryIO]:
     a file written in large writes in large folios, which map and copy about twice as fast
     on read (tools/bench_data.py).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
-    try:
+    with _temp_beside(path) as (fd, tmp):
         with os.fdopen(fd, "wb", buffering=buffering) as f:
             yield f
             f.flush()
             os.fchmod(f.fileno(), _default_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:  # a write or fsync (a full disk) names no file
-            raise OSError(e.errno, e.strerror, str(path)) from e
-        raise
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temp path for another program to write; it becomes `path` when the block exits cleanly.
+
+    For outputs that a subprocess writes by name (it may replace the empty temp file it is
+    given); like `atomic_file`, a failure leaves the old `path` and no temp behind.
+    """
+    with _temp_beside(path) as (fd, tmp):
+        os.close(fd)
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fchmod(fd, _default_mode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:

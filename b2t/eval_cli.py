@@ -27,9 +27,9 @@ from b2t.data.manifest import SPLITS, Manifest
 from b2t.decoding import EvalSummary, TrialResult, summarize
 from b2t.evaluate import Evaluator, WordRecipe, decode_words, excluded_trials, submission_rows
 from b2t.train.devices import use_compile_cache
-from b2t.words.beam import BeamOptions
+from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.lexicon import LexiconError
-from b2t.words.ngram import check_arpa
+from b2t.words.ngram import check_arpa, is_kenlm_binary
 
 TRIALS_NAME, SUMMARY_NAME = "trials.jsonl", "summary.json"
 
@@ -93,7 +93,8 @@ def _word_recipe(lexicon: Path | None, cmudict: bool, lm: Path | None, spell: bo
               help="Decode words with this lexicon (`word PH1 PH2 ...` lines, e.g. from `b2t-lm lexicon`).")
 @click.option("--cmudict", is_flag=True, help="Decode words with the whole CMU pronouncing dictionary.")
 @click.option("--lm", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="ARPA n-gram word LM for the beam search (e.g. from `b2t-lm build`).")
+              help="n-gram word LM for the beam search: ARPA text or a KenLM binary (from `b2t-lm build`; "
+                   "a binary loads at once).")
 @click.option("--spell", is_flag=True,
               help="Spell the greedy phonemes into the nearest lexicon words (no search, no LM): the baseline to beat.")
 @click.option("--beam-size", type=click.IntRange(min=1), default=BeamOptions.beam_size, show_default=True,
@@ -132,6 +133,8 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
     try:
         if lm is not None:
             check_arpa(lm)  # before the model runs: KenLM's own errors name no file
+            if is_kenlm_binary(lm):
+                load_lm(lm)  # a binary maps at once: a corrupt one stops here, not in the decode workers
         if compile_cache is not None:
             use_compile_cache(compile_cache)
         evaluator = Evaluator(checkpoint, backend, device)
@@ -142,10 +145,6 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
             results = decode_words(results, recipe, workers=workers, progress=progress)
     except (ConfigError, LexiconError, FileNotFoundError, ValueError) as e:
         fail(str(e))
-    except RuntimeError as e:  # KenLM's FormatLoadException: a file that begins like ARPA but is not
-        if "FormatLoadException" not in str(e):
-            raise
-        fail(f"{lm}: KenLM cannot read it as an ARPA model: {str(e).split('FormatLoadException.')[-1].strip()}")
     excluded = excluded_trials(manifest, split)
     if excluded:
         click.secho(f"warning: b2t-preprocess left out {len(excluded)} {split} trials (e.g. {excluded[0][0]} "

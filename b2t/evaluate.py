@@ -79,7 +79,7 @@ class WordRecipe:
     (flashlight's C++ objects cannot be sent between processes)."""
 
     lexicon: Path | None  # lexicon file; None = the CMU pronouncing dictionary
-    lm: Path | None = None  # ARPA file; None = lexicon only
+    lm: Path | None = None  # ARPA or KenLM binary file; None = lexicon only
     options: BeamOptions = field(default_factory=BeamOptions)
     spell: bool = False  # spell the greedy phonemes into words (no search, no LM) instead
 

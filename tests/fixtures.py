@@ -40,7 +40,7 @@ class TrainedRun:
     shards: Path  # its b2t-preprocess output
     checkpoint: Path  # best.safetensors after TRAIN_STEPS steps
     lexicon: Path
-    lm: Path  # a 3-gram ARPA model of corpus.txt
+    lm: Path  # a 3-gram KenLM binary model of corpus.txt (as `make demo` builds)
     summary: dict  # what `train` returned (best_per, compilations, ...)
 
 
@@ -55,11 +55,11 @@ def build_trained_run(root: Path) -> TrainedRun:
     _invoke(synth_main, hdf5, *SYNTH_ARGS)
     _invoke(preprocess_main, hdf5, shards, "--config", TINY_CONFIG, *(a for o in DATA_OVERRIDES for a in ("--set", o)),
             "--no-progress")
-    _invoke(lm_main, "build", hdf5 / "corpus.txt", "-o", root / "lm.arpa")
+    _invoke(lm_main, "build", hdf5 / "corpus.txt", "-o", root / "lm.bin")
     cfg = load_config(TINY_CONFIG, DATA_OVERRIDES + TRAIN_OVERRIDES)
     summary = train(shards, root / "run", cfg, RunOptions(progress=False))
     return TrainedRun(hdf5=hdf5, shards=shards, checkpoint=root / "run" / "best.safetensors",
-                      lexicon=hdf5 / "lexicon.txt", lm=root / "lm.arpa", summary=summary)
+                      lexicon=hdf5 / "lexicon.txt", lm=root / "lm.bin", summary=summary)
 
 
 @pytest.fixture(scope="session")

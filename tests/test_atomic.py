@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
-from b2t.atomic import atomic_file, atomic_write_text, remove_stale_temps
+from b2t.atomic import atomic_file, atomic_path, atomic_write_text, remove_stale_temps
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -38,3 +40,31 @@ def test_stale_temps_of_a_killed_writer_are_removed(tmp_path):
     removed = remove_stale_temps(tmp_path)
     assert [p.name for p in removed] == [".last.safetensors.abc123.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.safetensors", "notes.tmp"]
+
+
+def _child_writes(path, text: str, code: int) -> None:
+    """Another program writes `path` by name (as KenLM's build_binary does), then exits `code`."""
+    subprocess.run([sys.executable, "-c", f"import sys; open(sys.argv[1], 'w').write({text!r}); sys.exit({code})",
+                    str(path)], check=True)
+
+
+def test_a_path_another_program_writes_appears_whole_with_plain_permissions(tmp_path):
+    target = atomic_write_text(tmp_path / "lm.bin", "old")
+    before = os.umask(0o027)
+    try:
+        with atomic_path(target) as tmp:
+            assert tmp.parent == tmp_path and tmp != target
+            _child_writes(tmp, "new", 0)
+            assert target.read_text() == "old"  # a reader still sees the old file
+    finally:
+        os.umask(before)
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.bin"]
+
+
+def test_a_failed_program_keeps_the_old_file_and_leaves_no_temp(tmp_path):
+    target = atomic_write_text(tmp_path / "lm.bin", "old")
+    with pytest.raises(subprocess.CalledProcessError), atomic_path(target) as tmp:
+        _child_writes(tmp, "half a model", 1)
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.bin"]

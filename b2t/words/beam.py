@@ -1,6 +1,6 @@
 """Phoneme log-probabilities -> words: a lexicon-constrained CTC beam search with a word LM.
 
-The search itself is flashlight-text's `LexiconDecoder` (C++; KenLM reads the ARPA file);
+The search itself is flashlight-text's `LexiconDecoder` (C++; KenLM reads the LM, ARPA or binary);
 this module only wires our classes into it. The data writes SIL after every word,
 including the last, so each word is spelled in the trie as its phonemes followed by SIL:
 a word is complete (and scored by the LM) when its closing SIL is emitted, and further
@@ -30,6 +30,7 @@ from flashlight.lib.text.decoder.kenlm import KenLM
 from flashlight.lib.text.dictionary import Dictionary
 
 from b2t.phonemes import BLANK_ID, N_CLASSES, SILENCE_ID
+from b2t.words.kenlm_binary import kenlm_reason
 from b2t.words.lexicon import Lexicon, Pronunciation
 from b2t.words.ngram import UNK
 
@@ -59,6 +60,20 @@ class BeamOptions:
             raise ValueError(f"beam_threshold must be > 0, got {self.beam_threshold}")
         if not self.lm_weight >= 0:
             raise ValueError(f"lm_weight must be >= 0, got {self.lm_weight}")
+
+
+def load_lm(path: str | Path, word_dict: Dictionary | None = None) -> KenLM:
+    """KenLM's model of `path` (ARPA or binary) over `word_dict`'s words (default: `<unk>` only).
+
+    A file KenLM cannot read, e.g. a truncated binary or a malformed ARPA line, is a ValueError
+    naming it: KenLM's own errors name no file.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"language model {path} does not exist")
+    try:
+        return KenLM(str(path), word_dict or Dictionary([UNK]))
+    except RuntimeError as e:
+        raise ValueError(f"{path}: KenLM cannot read it: {kenlm_reason(str(e))}") from None
 
 
 def _padded(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +115,7 @@ class WordDecoder:
 
     def __init__(self, lexicon: Lexicon, lm_path: str | Path | None = None,
                  options: BeamOptions | None = None) -> None:
-        """lm_path: an ARPA file (see `b2t.words.ngram`); None searches with the lexicon only."""
+        """lm_path: an ARPA or KenLM binary file (`b2t-lm build`); None searches with the lexicon only."""
         if not len(lexicon):
             raise ValueError("the lexicon is empty; the decoder could output no word")
         self.lexicon = lexicon
@@ -110,9 +125,7 @@ class WordDecoder:
         if lm_path is None:
             lm = ZeroLM()
         else:
-            if not Path(lm_path).is_file():
-                raise FileNotFoundError(f"language model {lm_path} does not exist")
-            lm = KenLM(str(lm_path), word_dict)
+            lm = load_lm(lm_path, word_dict)
         trie, self.dropped_homophones = self._trie(lm)
         self._decoder = LexiconDecoder(
             self._options(), trie, lm, SILENCE_ID, BLANK_ID, len(self._words) - 1, [], False)

@@ -1,4 +1,4 @@
-"""`b2t-lm`: build the word decoder's inputs (an ARPA n-gram LM, a lexicon) from a corpus."""
+"""`b2t-lm`: build the word decoder's inputs (an n-gram LM, ARPA or KenLM binary; a lexicon) from a corpus."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import click
 
 from b2t.atomic import atomic_write_text
 from b2t.cli_errors import Group, UserError
+from b2t.words.kenlm_binary import BINARY_SUFFIXES, BuildBinaryError, write_binary_lm
 from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
 
@@ -24,15 +25,25 @@ def main() -> None:
 @main.command()
 @click.argument("corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="ARPA file to write.")
+              help=f"LM file to write: a KenLM binary if its name ends in {' or '.join(BINARY_SUFFIXES)} (b2t-eval "
+                   "loads it at once; needs KenLM's build_binary, which `make install` builds), else ARPA text.")
 @click.option("--order", type=click.IntRange(min=1), default=3, show_default=True, help="n-gram order.")
 def build(corpus: Path, output: Path, order: int) -> None:
-    """Estimate an interpolated Kneser-Ney LM from CORPUS (one sentence per line)."""
+    """Estimate an interpolated Kneser-Ney LM from CORPUS (one sentence per line).
+
+    Either file is written whole or not at all: b2t-eval never reads half a model.
+    """
     try:
         arpa = build_arpa(_read_corpus(corpus), order=order)
     except ValueError as e:
         raise UserError(f"{corpus}: {e}") from e
-    atomic_write_text(output, arpa)  # a reader (b2t-eval) never sees half a model
+    if output.suffix in BINARY_SUFFIXES:
+        try:
+            write_binary_lm(arpa, output)
+        except BuildBinaryError as e:
+            raise UserError(str(e)) from e
+    else:
+        atomic_write_text(output, arpa)
     counts = [line for line in arpa.splitlines() if line.startswith("ngram ")]
     click.echo(f"wrote {output}: {', '.join(counts)}")
 

@@ -1,9 +1,9 @@
 """Word n-gram language models written as ARPA text, built from a sentence corpus.
 
 No LM can be downloaded here, so we estimate one ourselves; the decoder reads the ARPA
-text through KenLM. The smoothing is interpolated Kneser-Ney with one absolute discount
-per order (Chen & Goodman 1998, "An empirical study of smoothing techniques for language
-modeling", section 3.6; Kneser & Ney 1995):
+text through KenLM (or the binary `b2t.words.kenlm_binary` converts it to). The smoothing
+is interpolated Kneser-Ney with one absolute discount per order (Chen & Goodman 1998, "An
+empirical study of smoothing techniques for language modeling", section 3.6; Kneser & Ney 1995):
 
     p_n(w | h) = max(a(hw) - D_n, 0) / A(h) + gamma(h) * p_{n-1}(w | h')
     gamma(h)   = D_n * N1+(h .) / A(h)          A(h) = sum_w a(hw)
@@ -142,15 +142,22 @@ KENLM_BINARY_MAGIC = b"mmap lm http://kheafield.com/code"
 """How a KenLM binary model begins (KenLM reads those as well as ARPA text)."""
 
 
+def is_kenlm_binary(path: str | Path) -> bool:
+    """Whether `path` begins like a KenLM binary model (from `b2t-lm build -o lm.bin`)."""
+    with open(path, "rb") as f:
+        return f.read(len(KENLM_BINARY_MAGIC)) == KENLM_BINARY_MAGIC
+
+
 def check_arpa(path: str | Path) -> None:
     """Raise ValueError naming `path` unless it begins like an ARPA model (a `\\data\\` line, then
     `ngram N=COUNT` lines) or a KenLM binary: KenLM's own errors name neither file nor format,
     and a binary file makes its message undecodable."""
+    if is_kenlm_binary(path):
+        return
     with open(path, "rb") as f:
         head = f.read(1 << 16)
-    if head.startswith(KENLM_BINARY_MAGIC):
-        return
-    expected = "expected an ARPA language model (from `b2t-lm build`): a '\\data\\' line, then 'ngram N=COUNT' lines"
+    expected = ("expected an ARPA language model or a KenLM binary (from `b2t-lm build`): "
+                "a '\\data\\' line, then 'ngram N=COUNT' lines")
     try:
         lines = [line.strip() for line in head.decode("utf-8").splitlines()]
     except UnicodeDecodeError as e:
