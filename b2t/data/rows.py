@@ -6,8 +6,8 @@ target), a length beyond the bucket (a CUDA/XLA index error or a torch traceback
 into a run), labels CTC cannot align in the row's frames. The sha256 in the manifest
 catches a flipped byte only with `--verify-data`; these checks catch every such value in
 the reader, whatever the digest says. They read only the (B,) and (B, L) integer fields
-(through numpy views, no copies), never the (B, T, F) features, so they cost a few
-microseconds per batch (docs/robustness.md); `b2t-preprocess verify` adds the feature checks.
+(through numpy views, no copies), never the (B, T, F) features: about 25 us per batch of
+32 rows (docs/robustness.md); `b2t-preprocess verify` adds the feature checks.
 
 Shape legend: B batch rows, T time bins (the bucket length), L label slots.
 """
@@ -30,8 +30,7 @@ def _first(mask: np.ndarray) -> int:
 
 class _Bounds:
     """One bucket's contract as lookup tables, so that the check of a good batch is about a
-    dozen numpy calls over whole (B,) and (B, L) arrays (tools/bench_data.py: a few percent of
-    the loader's read time). Built once per (bucket, sessions, patching)."""
+    dozen numpy calls over whole (B,) and (B, L) arrays. Built once per (bucket, sessions, patching)."""
 
     def __init__(self, shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None):
         T, L = shape.T, shape.L
