@@ -14,7 +14,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,7 +307,21 @@ def config_from_dict(raw: Mapping[str, Any]) -> Config:
 
 class _NumberLoader(yaml.SafeLoader):
     """YAML 1.1 with the number spellings every ML config uses: PyYAML reads `1e-3`, `1e6`
-    and `-1E-4` as strings (its float pattern wants a dot and a signed exponent)."""
+    and `-1E-4` as strings (its float pattern wants a dot and a signed exponent); and a key
+    given twice in one mapping is an error (PyYAML keeps the last one and says nothing)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:  # before merges (`<<`), whose keys may be overridden
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # the base class refuses it by name
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _NumberLoader.add_implicit_resolver(

@@ -56,7 +56,8 @@ def load_curves(run_dir: Path) -> tuple[dict[str, dict[str, list[tuple[int, floa
     """(`curves` of the well-formed records of RUN/metrics.jsonl, a note on the lines skipped or None)."""
     path = run_dir / METRICS
     if not path.is_file():
-        raise UserError(f"{path} not found: RUN must be a b2t-train run directory")
+        what = "is not a file" if path.exists() else "not found"
+        raise UserError(f"{path} {what}: RUN must be a b2t-train run directory")
     records, skipped = scan_records(path)
     note = skipped_summary(path, skipped) if skipped else None
     panels = curves(records)

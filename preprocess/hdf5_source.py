@@ -72,7 +72,10 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
         raise DataError(root, None, "is not a directory (expected the folder of t15.* session directories)")
     by_dir: dict[Path, dict[str, Path]] = defaultdict(dict)
     split_of = {name: split for split, name in SPLIT_FILES.items()}
-    for folder, _, files in walk(root):
+    for folder, dirs, files in walk(root):
+        for name in dirs:
+            if name in split_of:  # else taken for an empty session folder, its split dropped with a misleading word
+                raise DataError(folder / name, None, "is a folder: expected an HDF5 file")
         for name in files:
             if name.startswith("data_") and name.endswith(".hdf5"):
                 if name not in split_of:

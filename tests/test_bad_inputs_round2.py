@@ -23,7 +23,7 @@ from webdataset import TarWriter
 from b2t import report
 from b2t.atomic import atomic_file
 from b2t.cli_errors import os_error_line
-from b2t.config import TINY_CONFIG, ConfigError, DataConfig, load_config
+from b2t.config import TINY_CONFIG, ConfigError, DataConfig, load_config, parse_yaml
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, file_sha256
 from b2t.data.mapped_tar import shard_samples
@@ -159,6 +159,16 @@ def test_04_a_session_without_train_or_val_data_is_warned_about(tree):
         "trains or validates its day layer"]
 
 
+def test_a_folder_named_like_a_session_file_is_refused(tree):
+    """It was taken for an empty session folder: the session lost its train split, warned about
+    only as an empty folder."""
+    path = sorted(tree.glob("*/data_train.hdf5"))[0]
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(DataError, match=r"data_train.hdf5: is a folder: expected an HDF5 file"):
+        discover_sessions(tree)
+
+
 def _first_trial(tree: Path) -> tuple[Path, str, str]:
     path = sorted(tree.glob("*/data_train.hdf5"))[0]
     with h5py.File(path, "r") as f:
@@ -197,6 +207,15 @@ def test_14_malformed_yaml_names_file_and_line(tmp_path):
         load_config(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match=r"override 'optim.lr=\[':1: not valid YAML"):
         load_config(None, ["optim.lr=["])
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    """PyYAML keeps the last of two equal keys and says nothing: one of the two values trained unseen."""
+    (tmp_path / "c.yaml").write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3: not valid YAML \(key 'lr' given twice\)"):
+        load_config(tmp_path / "c.yaml")
+    merged = parse_yaml("a: &x {k: 1, j: 1}\nb:\n  <<: *x\n  k: 2\n", "t")  # a merge's keys may be overridden
+    assert merged == {"a": {"k": 1, "j": 1}, "b": {"k": 2, "j": 1}}
 
 
 def test_17_numbers_in_every_common_spelling(tmp_path):
@@ -291,6 +310,13 @@ def test_16_report_on_a_binary_file(tmp_path, no_plot):
     (tmp_path / "metrics.jsonl").write_bytes(bytes(range(256)) * 4)
     code, output = _report(tmp_path)
     assert code == 2 and "holds no well-formed train or val records" in output and "not UTF-8 text" in output
+
+
+def test_report_on_a_metrics_folder_says_so(tmp_path, no_plot):
+    """It said "not found" of a path that is there."""
+    (tmp_path / "metrics.jsonl").mkdir()
+    code, output = _report(tmp_path)
+    assert code != 0 and "metrics.jsonl is not a file: RUN must be a b2t-train run directory" in output
 
 
 def test_21_report_with_every_step_null(tmp_path, no_plot):

@@ -20,6 +20,7 @@ that makes one `copy` pass and reports its own high-water mark (Linux).
 
     python tools/bench_data.py                # 300 trials of about 350-1,900 bins
     python tools/bench_data.py --short        # b2t-synth's default, shorter trials
+    python tools/bench_data.py --short --paths "b2t loader" --paths "no checks"   # what the row checks cost
 """
 
 from __future__ import annotations
@@ -203,8 +204,8 @@ def run_child(path: str, src: Path, out: Path) -> None:
     print(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))  # KiB
 
 
-def time_paths(paths: dict[str, Batches], consume: Consumer, reps: int) -> dict[str, tuple[float, int, int]]:
-    """Per path: (median seconds per pass, batches, bytes); passes alternate the path order."""
+def time_paths(paths: dict[str, Batches], consume: Consumer, reps: int) -> dict[str, tuple[float, float, int, int]]:
+    """Per path: (median and best seconds per pass, batches, bytes); passes alternate the path order."""
     for batches in paths.values():  # warm-up: every source now sits in the page cache
         one_pass(batches, consume)
     seconds: dict[str, list[float]] = {name: [] for name in paths}
@@ -214,10 +215,10 @@ def time_paths(paths: dict[str, Batches], consume: Consumer, reps: int) -> dict[
             t = time.perf_counter()
             sizes[name] = one_pass(paths[name], consume)
             seconds[name].append(time.perf_counter() - t)
-    return {name: (statistics.median(seconds[name]), *sizes[name]) for name in paths}
+    return {name: (statistics.median(seconds[name]), min(seconds[name]), *sizes[name]) for name in paths}
 
 
-def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: int) -> None:
+def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: int, chosen: tuple[str, ...]) -> None:
     src, out = work / "src", work / "shards"
     t0 = time.perf_counter()
     synth = write_dataset(spec, src)
@@ -226,7 +227,7 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
     report = prepare_dataset(src, out, config, splits=["train"], workers=workers, progress=False)
     prep_s = time.perf_counter() - t0
     torch.set_num_threads(1)
-    paths = make_paths(src, out)
+    paths = {name: batches for name, batches in make_paths(src, out).items() if name in chosen}
     timed = {kind: time_paths(paths, Consumer(kind), reps) for kind in CONSUMERS}
     rss = {name: peak_rss_mib(name, src, out) for name in ("idle", *paths)}
 
@@ -241,15 +242,17 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
     print(f"  {prep_s:.1f} s with {workers} worker(s) for scan + checks + writing = "
           f"{report.scanned_trials / prep_s:.0f} source trials/s; writing alone "
           f"{report.written_trials / report.write_seconds:.0f} rows/s")
-    print(f"reading: median of {reps} paired passes over {timed['read']['reference'][1]} batches per consumer, "
+    base = list(paths)[-1]  # the "vs" column's path: the reference unless --paths leaves it out
+    print(f"reading: median (best) of {reps} paired passes over {timed['read'][base][2]} batches per consumer, "
           "one torch thread, warm page cache\n")
-    print(f"{'path':<11}" + "".join(f"{kind + ' b/s':>11} {'vs ref':>7} {'GB/s':>5}" for kind in CONSUMERS)
+    print(f"{'path':<11}" + "".join(f"{kind + ' b/s (best)':>20} {'vs ' + base[:4]:>8} {'GB/s':>5}" for kind in CONSUMERS)
           + f"  peak RSS MiB (idle {rss['idle']:.0f})")
     for name in paths:
         row = f"{name:<11}"
         for kind in CONSUMERS:
-            seconds, n, size = timed[kind][name]
-            row += f"{n / seconds:>11.1f} {timed[kind]['reference'][0] / seconds:>6.1f}x {size / seconds / 1e9:>5.2f}"
+            seconds, best, n, size = timed[kind][name]
+            row += (f"{n / seconds:>11.1f} ({n / best:>6.1f}) {timed[kind][base][0] / seconds:>7.1f}x "
+                    f"{size / seconds / 1e9:>5.2f}")
         print(row + f"  {rss[name]:>8.0f} ({rss[name] - rss['idle']:+.0f})")
     print("\nGB/s counts delivered tensor bytes (bf16 features for shards, f32 for the reference). "
           "read: the batch reaches the loop; copy: + every byte copied once on the host; "
@@ -266,13 +269,15 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
 @click.option("--epochs", default=2, show_default=True, help="Train compositions written (more batches to time).")
 @click.option("--reps", default=5, show_default=True)
 @click.option("--workers", default=1, show_default=True, help="b2t-preprocess workers.")
+@click.option("--paths", "chosen", multiple=True, type=click.Choice(PATHS), default=PATHS, show_default=True,
+              help="Paths to time (repeatable), e.g. only the loader with and without its row checks.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the data here (must not exist).")
 @click.option("--child", type=click.Choice(["idle", *PATHS]), hidden=True)
 @click.option("--src", type=click.Path(path_type=Path), hidden=True)
 @click.option("--out", type=click.Path(path_type=Path), hidden=True)
 def main(sessions: int, train_trials: int, short: bool, batch_size: int, epochs: int, reps: int, workers: int,
-         workdir: Path | None, child: str | None, src: Path | None, out: Path | None) -> None:
+         chosen: tuple[str, ...], workdir: Path | None, child: str | None, src: Path | None, out: Path | None) -> None:
     """Benchmark reading shards vs per-batch HDF5 reading on b2t-synth data."""
     if child:
         run_child(child, src, out)
@@ -283,10 +288,10 @@ def main(sessions: int, train_trials: int, short: bool, batch_size: int, epochs:
                                     batches_per_shard=16), model=ModelConfig())
     if workdir:
         workdir.mkdir(parents=True)
-        benchmark(workdir, spec, config, reps, workers)
+        benchmark(workdir, spec, config, reps, workers, chosen)
     else:
         with tempfile.TemporaryDirectory(prefix="b2t-bench-") as tmp:
-            benchmark(Path(tmp), spec, config, reps, workers)
+            benchmark(Path(tmp), spec, config, reps, workers, chosen)
 
 
 if __name__ == "__main__":

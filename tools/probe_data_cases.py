@@ -95,6 +95,19 @@ def _extra_object(src: Path) -> Path:
     return path
 
 
+def _folder_for_file(src: Path) -> Path:
+    path = first_trial_file(src)
+    path.unlink()
+    path.mkdir()
+    return path
+
+
+def drop(dataset: str) -> Callable[[h5py.Group], None]:
+    def edit(g: h5py.Group) -> None:
+        del g[dataset]
+    return edit
+
+
 def sessions_in_manifest(n: int) -> Callable[[Path, str], str | None]:
     def check(d: Path, output: str) -> str | None:
         sessions = json.loads((d / "out" / "manifest.json").read_text())["sessions"]
@@ -118,6 +131,12 @@ HDF5_PROBES = [
     Probe("integer features", "b2t-preprocess", edit_trial(replace_features(np.zeros((40, 512), np.int16)))),
     Probe("n_time_steps attribute disagrees", "b2t-preprocess", edit_trial(set_attr("n_time_steps", np.int64(7)))),
     Probe("seq_len beyond seq_class_ids", "b2t-preprocess", edit_trial(set_attr("seq_len", np.int64(9999)))),
+    Probe("trial of 0 bins", "b2t-preprocess", edit_trial(replace_features(np.zeros((0, 512), np.float32)))),
+    Probe("1-D input_features", "b2t-preprocess", edit_trial(replace_features(np.zeros(512, np.float32)))),
+    Probe("trial without input_features", "b2t-preprocess", edit_trial(drop("input_features"))),
+    Probe("float label ids", "b2t-preprocess", edit_trial(lambda g: (drop("seq_class_ids")(g), g.create_dataset(
+        "seq_class_ids", data=np.full(500, 2.5))))),
+    Probe("data_train.hdf5 a folder", "b2t-preprocess", edit_file(_folder_for_file)),
     Probe("label id 41", "b2t-preprocess", edit_trial(set_value("seq_class_ids", (0,), 41))),
     Probe("label id 0 inside seq_len", "b2t-preprocess", edit_trial(set_value("seq_class_ids", (0,), 0))),
     Probe("missing sentence_label", "b2t-preprocess", edit_trial(set_attr("sentence_label", None))),
@@ -161,6 +180,11 @@ def _under_file(ws: Workspace, d: Path) -> Case:
     return preprocess_args(ws.src, d / "a_file" / "out"), [str(d / "a_file")]
 
 
+def _src_a_file(ws: Workspace, d: Path) -> Case:
+    (d / "src.txt").write_text("not a folder")
+    return preprocess_args(d / "src.txt", d / "out"), [str(d / "src.txt")]
+
+
 def _other_config(ws: Workspace, d: Path) -> Case:
     out = copy(ws.shards, d)
     return preprocess_args(ws.src, out, *sets("data.n_buckets=2")), ["data.n_buckets"]
@@ -183,6 +207,10 @@ OUTPUT_AND_CONFIG_PROBES = [
     Probe("OUT under a regular file", "b2t-preprocess", _under_file),
     Probe("OUT a foreign non-empty folder (+ stray lock)", "b2t-preprocess", _foreign_out, check=_nothing_but("thesis.tex")),
     Probe("OUT made with another config", "b2t-preprocess", _other_config),
+    Probe("SRC a regular file", "b2t-preprocess", _src_a_file),
+    Probe("SRC missing", "b2t-preprocess", lambda ws, d: (preprocess_args(d / "nowhere", d / "out"), [str(d / "nowhere")])),
+    Probe("--config a missing file", "b2t-train",
+          lambda ws, d: (["--plan", "--config", str(d / "missing.yaml")], [str(d / "missing.yaml")])),
     Probe("unknown config key", "b2t-train", config_file("optim:\n  learning_rate: 0.1\n", "learning_rate")),
     Probe("unknown config section", "b2t-train", config_file("optimiser:\n  lr: 0.1\n", "optimiser")),
     Probe("string for an integer", "b2t-train", config_file("train:\n  steps: many\n", "train.steps")),
@@ -190,6 +218,11 @@ OUTPUT_AND_CONFIG_PROBES = [
     Probe("float for an integer", "b2t-train", config_file("train:\n  steps: 2.5\n", "train.steps")),
     Probe("list for a number", "b2t-train", config_file("optim:\n  lr: [1, 2]\n", "optim.lr")),
     Probe("section given a value", "b2t-train", config_file("optim: 3\n", "optim")),
+    Probe("null for a number", "b2t-train", config_file("optim:\n  lr: null\n", "optim.lr")),
+    Probe("number for a string", "b2t-train", config_file("train:\n  backend: 3\n", "train.backend")),
+    Probe("negative learning rate", "b2t-train", config_file("optim:\n  lr: -0.1\n", "optim.lr")),
+    Probe("NaN learning rate", "b2t-train", config_file("optim:\n  lr: .nan\n", "optim.lr")),
+    Probe("duplicate key in YAML", "b2t-train", config_file("optim:\n  lr: 0.1\n  lr: 0.2\n", "c.yaml:3", "lr")),
     Probe("out-of-range value", "b2t-train", config_file("data:\n  n_buckets: 0\n", "data.n_buckets")),
     Probe("unknown backend", "b2t-train", config_file("train:\n  backend: tpu\n", "train.backend")),
     Probe("empty config file (case 7)", "b2t-train", config_file("# nothing\n", "empty")),
@@ -204,6 +237,7 @@ OUTPUT_AND_CONFIG_PROBES = [
     Probe("--set optim.lr=1e6 (case 17)", "b2t-train", override("optim.lr=1e6", "optim.lr_day=.5"), expect="ok"),
     Probe("--set without a section", "b2t-train", override("lr=0.1", names=("lr=0.1",))),
     Probe("--set with a malformed value", "b2t-train", override("optim.lr=[", names=("optim.lr=[",))),
+    Probe("--set an unknown key", "b2t-train", override("optim.learning_rate=0.1", names=("learning_rate",))),
 ]
 
 
@@ -253,6 +287,12 @@ def _escape(ds: Path) -> Path:
 
 def _tamper(field: str, value: int) -> Callable[[Path], Path]:
     """Change one row value of the first train shard and update the manifest's size and sha256 to match."""
+    return _rewrite(lambda tensors, meta: tensors[field].view(-1).__setitem__(0, value))
+
+
+def _rewrite(edit: Callable[[dict, dict], object]) -> Callable[[Path], Path]:
+    """Edit (tensors, meta) of the first sample of the first train shard in place, and update the
+    manifest's size and sha256 to match: only the reader's own checks can tell."""
     def change(ds: Path) -> Path:
         from webdataset import TarWriter
 
@@ -266,7 +306,7 @@ def _tamper(field: str, value: int) -> Callable[[Path], Path]:
             for i, (tensors, meta, key) in enumerate(samples):
                 tensors = {k: v.clone() for k, v in tensors.items()}
                 if i == 0:
-                    tensors[field].view(-1)[0] = value
+                    edit(tensors, meta)
                 tar.write(encode_sample(key, tensors, meta))
         path.with_suffix(".new").replace(path)
         _manifest(ds, lambda m: m["shards"][0].update(bytes=path.stat().st_size, sha256=file_sha256(path)))
@@ -274,7 +314,25 @@ def _tamper(field: str, value: int) -> Callable[[Path], Path]:
     return change
 
 
+def _shard_a_folder(ds: Path) -> str:
+    path = first_shard(ds)
+    path.unlink()
+    path.mkdir()
+    return path.name
+
+
 SHARD_PROBES = [
+    Probe("shard a folder", "b2t-train", dataset_probe(_shard_a_folder)),
+    Probe("valid flag byte 2 in a shard, sha256 updated", "b2t-train",
+          dataset_probe(_rewrite(lambda t, m: t["valid"].view(__import__("torch").uint8).__setitem__(0, 2)))),
+    Probe("meta bucket 9 in a shard, sha256 updated", "b2t-train",
+          dataset_probe(_rewrite(lambda t, m: m.__setitem__("bucket", 9)))),
+    Probe("float32 features in a shard, sha256 updated", "b2t-train",
+          dataset_probe(_rewrite(lambda t, m: t.__setitem__("features", t["features"].float())))),
+    Probe("manifest without shards", "b2t-train",
+          dataset_probe(lambda ds: _manifest(ds, lambda m: m.pop("shards") and None))),
+    Probe("manifest n_batches a string", "b2t-train",
+          dataset_probe(lambda ds: _manifest(ds, lambda m: m["shards"][0].update(n_batches="two")))),
     Probe("deleted shard", "b2t-train", dataset_probe(lambda ds: first_shard(ds).unlink() or first_shard(ds).name)),
     Probe("truncated shard", "b2t-train", dataset_probe(lambda ds: truncate(first_shard(ds), 0.7).name)),
     Probe("flipped byte, --verify-data", "b2t-train", dataset_probe(lambda ds: _flip(first_shard(ds)).name,

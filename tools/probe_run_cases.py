@@ -59,6 +59,12 @@ RUN_PROBES = [
     Probe("--resume from a garbage last.safetensors", "b2t-train",
           run_probe(lambda ws, d, run: garbage(run / "last.safetensors", b"\x00" * 64), "--resume")),
     Probe("a run dir with a checkpoint, no --resume", "b2t-train", run_probe(lambda ws, d, run: "--resume")),
+    Probe("--resume before the first checkpoint", "b2t-train",
+          run_probe(lambda ws, d, run: [p.unlink() for p in run.glob("*.safetensors")] and None, "--resume"),
+          expect="ok", check=printed("starting from scratch")),
+    Probe("--init-from a missing file", "b2t-train",
+          lambda ws, d: (train_args(ws.shards, d / "fresh", "--init-from", str(d / "none.safetensors")),
+                         [str(d / "none.safetensors")]), check=_no_run_dir),
     Probe("RUN_DIR a regular file", "b2t-train",
           lambda ws, d: ((d / "f").write_text("x") and None or train_args(ws.shards, d / "f"), [str(d / "f")])),
     Probe("DATASET a folder without a manifest", "b2t-train",
@@ -139,14 +145,22 @@ EVAL_PROBES = [
     Probe("lexicon with an unknown phoneme", "b2t-eval", eval_probe("--lexicon", file_of("lex.txt", b"cat K QQ T\n"))),
     Probe("empty lexicon", "b2t-eval", eval_probe("--lexicon", file_of("lex.txt", b"\n"))),
     Probe("--csv without words", "b2t-eval", eval_probe("--csv", "out.csv")),
+    Probe("--lexicon a missing file", "b2t-eval",
+          lambda ws, d: (eval_args(ws, ws.shards, "--lexicon", str(d / "none.txt")), [str(d / "none.txt")])),
+    Probe("--lm an empty file", "b2t-eval", eval_probe("--lexicon", lexicon, "--lm", file_of("empty.arpa", b""))),
     Probe("hostile pickle", "b2t-import-baseline", _pickle(lambda d: {"model_state_dict": Hostile(d / "pwned")}),
           check=_never_ran),
     Probe("a pickle that is not a checkpoint (case 20)", "b2t-import-baseline",
           _pickle(lambda d: {"notes": Workspace}), check=_never_ran),
     Probe("a dict without model_state_dict", "b2t-import-baseline", _pickle(lambda d: {"weights": [1, 2]})),
+    Probe("a pickled tensor, not a dict", "b2t-import-baseline", _pickle(lambda d: __import__("torch").zeros(3))),
     Probe("a truncated torch file", "b2t-import-baseline", _import_file(b"PK\x03\x04" + b"\x00" * 40)),
     Probe("malformed args.yaml", "b2t-import-baseline",
           lambda ws, d: ((d / "args.yaml").write_text("model: [\n") and None
+                         or [str(garbage(d / "best_checkpoint", b"x")), "-o", str(d / "o.safetensors")],
+                         [str(d / "args.yaml")])),
+    Probe("args.yaml a YAML list", "b2t-import-baseline",
+          lambda ws, d: ((d / "args.yaml").write_text("- model\n") and None
                          or [str(garbage(d / "best_checkpoint", b"x")), "-o", str(d / "o.safetensors")],
                          [str(d / "args.yaml")])),
 ]
@@ -173,10 +187,15 @@ METRICS_AND_LM_PROBES = [
     Probe("every step null (case 21)", "b2t-report",
           report_probe(b'{"kind": "train", "step": null, "loss": 1.0}\n' * 3, "step is None")),
     Probe("empty metrics file", "b2t-report", report_probe(b"")),
+    Probe("metrics lines that are JSON lists", "b2t-report", report_probe(b"[1, 2]\n" * 3, "not an object")),
+    Probe("metrics.jsonl a folder", "b2t-report",
+          lambda ws, d: ((d / "metrics.jsonl").mkdir() or [str(d)], [str(d / "metrics.jsonl")])),
     Probe("no metrics file", "b2t-report", lambda ws, d: ([str(d)], [str(d / "metrics.jsonl")])),
     Probe("b2t-lm build on a binary corpus", "b2t-lm",
           lambda ws, d: (["build", str(garbage(d / "c.txt", bytes(range(128, 256)))), "-o", str(d / "lm.arpa")],
                          [str(d / "c.txt")])),
+    Probe("b2t-lm build on an empty corpus", "b2t-lm",
+          lambda ws, d: (["build", str(garbage(d / "c.txt", b"\n\n")), "-o", str(d / "lm.arpa")], [str(d / "c.txt")])),
     Probe("b2t-lm lexicon --source non-UTF-8", "b2t-lm",
           lambda ws, d: (["lexicon", str(ws.src / "corpus.txt"), "-o", str(d / "l.txt"), "--source",
                           str(garbage(d / "src.txt", b"caf\xe9 K AE F\n"))], [str(d / "src.txt")])),
@@ -185,9 +204,22 @@ METRICS_AND_LM_PROBES = [
 
 # --- disk full --------------------------------------------------------------------------------------
 
+def full_disk(d: Path) -> Path:
+    """A small tmpfs already filled to its last byte."""
+    mount = small_disk(d, "64k")
+    with open(mount / "filler", "wb", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError:  # no space left
+            pass
+    return mount
 
 
 DISK_PROBES = [
+    Probe("disk full while writing an LM", "b2t-lm",
+          lambda ws, d: (["build", str(ws.src / "corpus.txt"), "-o", str(full_disk(d) / "lm.arpa")],
+                         [str(d / "small_disk" / "lm.arpa")])),
     Probe("disk full while writing shards", "b2t-preprocess",
           lambda ws, d: (preprocess_args(ws.src, small_disk(d) / "out"), [str(d / "small_disk" / "out")])),
     Probe("disk full while training (case 18)", "b2t-train",

@@ -6,8 +6,8 @@ target), a length beyond the bucket (a CUDA/XLA index error or a torch traceback
 into a run), labels CTC cannot align in the row's frames. The sha256 in the manifest
 catches a flipped byte only with `--verify-data`; these checks catch every such value in
 the reader, whatever the digest says. They read only the (B,) and (B, L) integer fields
-(through numpy views, no copies), never the (B, T, F) features, so they cost a few
-microseconds per batch (tools/bench_data.py); `b2t-preprocess verify` adds the feature checks.
+(through numpy views, no copies), never the (B, T, F) features: about 25 us per batch of
+32 rows (docs/robustness.md); `b2t-preprocess verify` adds the feature checks.
 
 Shape legend: B batch rows, T time bins (the bucket length), L label slots.
 """
@@ -28,33 +28,44 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _rows_ok(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray, days: np.ndarray,
-             shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None) -> bool:
-    """The fast path: True when every row is fine, in about 20 numpy calls (the unsigned view
-    turns "0 <= x <= hi" into one max per field). A False goes on to `row_problems`' detailed look."""
-    scalars = np.stack((n, n_labels, days)).view(np.uint32)  # (3, B)
-    if (scalars.max(axis=1) > _limits(shape.T, shape.L, n_sessions)).any():
-        return False
-    if ((n > 0) != valid).any() or ((n_labels > 0) > valid).any():  # valid rows have bins, padding rows nothing
-        return False
-    nonzero = ids != 0  # (B, L)
-    if ids.view(np.uint32).max() > SILENCE_ID or (nonzero != (_positions(shape.L) < n_labels[:, None])).any():
-        return False
-    if patching is None:
-        return True
-    size, stride = patching  # CTC: labels + repeats <= (n - size) // stride + 1 frames, for labelled rows
-    needed = n_labels + ((ids[:, 1:] == ids[:, :-1]) & nonzero[:, 1:]).sum(axis=1)  # (B,)
-    return not (((needed - 1) * stride > n - size) & (n_labels > 0)).any()
+class _Bounds:
+    """One bucket's contract as lookup tables, so that the check of a good batch is about a
+    dozen numpy calls over whole (B,) and (B, L) arrays. Built once per (bucket, sessions, patching)."""
+
+    def __init__(self, shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None):
+        T, L = shape.T, shape.L
+        # (3, 256) by the valid flag's byte: the first n_time_steps - valid, phone_seq_lens and day
+        # index past the range of a padding (0) and a valid (1) row; compared unsigned, so a
+        # negative value is out of range too. A flag byte 2..255 (not a bool) has an empty range.
+        self.beyond = np.zeros((3, 256), dtype=np.uint32)
+        self.beyond[:, :2] = [[1, T], [1, L + 1], [n_sessions] * 2]
+        k = np.arange(L + 1)
+        self.label_slots = np.arange(L)[None, :] < k[:, None]  # (L+1, L): slots a row of k labels fills
+        # equal neighbours in a good row of k labels = its repeats + its max(0, L-1-k) zero pairs
+        self.labels_less_zero_pairs = (k - np.maximum(0, L - 1 - k)).astype(np.int64)  # (L+1,)
+        self.frames = None  # (T+1,): CTC frames (patches) a row of n bins makes
+        if patching is not None:
+            size, stride = patching
+            n = np.arange(T + 1)
+            self.frames = np.where(n >= size, (n - size) // stride + 1, 0)
+
+    def ok(self, valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray,
+           days: np.ndarray) -> bool:
+        """True when every row is fine; a False goes on to `row_problems`' detailed look."""
+        scalars = np.concatenate((n - valid, n_labels, days)).reshape(3, -1).view(np.uint32)  # (3, B)
+        if (scalars >= self.beyond[:, valid.view(np.uint8)]).any():
+            return False
+        if ids.view(np.uint32).max(initial=0) > SILENCE_ID or (ids.astype(bool) != self.label_slots[n_labels]).any():
+            return False  # ids are 1..40 up to each row's length, 0 after it
+        if self.frames is None:
+            return True
+        equal = (ids[:, 1:] == ids[:, :-1]).sum(axis=1, dtype=np.int64)  # (B,)
+        return not (equal + self.labels_less_zero_pairs[n_labels] > self.frames[n]).any()  # labels + repeats
 
 
 @functools.cache
-def _limits(T: int, L: int, n_sessions: int) -> np.ndarray:
-    return np.array([T, L, n_sessions - 1], dtype=np.int64)  # the largest n_time_steps, phone_seq_lens, day index
-
-
-@functools.cache
-def _positions(width: int) -> np.ndarray:
-    return np.arange(width, dtype=np.int32)[None, :]  # (1, L)
+def _bounds(shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None) -> _Bounds:
+    return _Bounds(shape, n_sessions, patching)
 
 
 def row_problems(tensors: Mapping[str, torch.Tensor], shape: BucketShape, n_sessions: int,
@@ -68,9 +79,18 @@ def row_problems(tensors: Mapping[str, torch.Tensor], shape: BucketShape, n_sess
     n_labels = tensors["phone_seq_lens"].numpy()  # (B,)
     ids = tensors["seq_class_ids"].numpy()  # (B, L)
     days = tensors["day_indices"].numpy()  # (B,)
-    if _rows_ok(valid, n, n_labels, ids, days, shape, n_sessions, patching):
+    if _bounds(shape, n_sessions, patching).ok(valid, n, n_labels, ids, days):
         return []
+    return _described(valid, n, n_labels, ids, days, shape, n_sessions, patching)
+
+
+def _described(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray, days: np.ndarray,
+               shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None) -> list[str]:
+    """`row_problems`' detailed look, for a batch the fast check refused."""
     problems = []
+    if (bad := valid.view(np.uint8) > 1).any():
+        r = _first(bad)
+        problems.append(f"row {r}: valid flag byte {valid.view(np.uint8)[r]} is not a bool (0 or 1)")
     if (bad := np.where(valid, (n < 1) | (n > shape.T), n != 0)).any():
         r = _first(bad)
         problems.append(f"row {r}: n_time_steps {n[r]} outside {'1..' if valid[r] else '0..'}"
