@@ -82,3 +82,13 @@ def test_import_baseline_output_under_a_file(a_file, tmp_path):
     save_release(tmp_path / "release", reference_model())
     _one_clean_line(import_main, tmp_path / "release", "-o", a_file / "ours.safetensors", path=a_file)
 
+
+
+@pytest.mark.parametrize("command", ["build", "lexicon"])
+def test_lm_corpus_that_is_not_text_is_one_line_naming_it(command, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"a b c\n\xff\xfe\x00binary\n")
+    result = CliRunner().invoke(lm_main, [command, str(corpus), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and not isinstance(result.exception, UnicodeDecodeError), result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(corpus) in lines[0] and "not UTF-8" in lines[0], result.output

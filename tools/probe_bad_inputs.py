@@ -1,4 +1,4 @@
-"""Replay issue 23's bad-input probe: every kind of bad input or fault, against the CLIs as subprocesses.
+"""Replay the bad-input probe: every kind of bad input or fault, against the CLIs as subprocesses.
 
 A small workspace is built once (a b2t-synth tree of 2 sessions, its shards, a 2-step eager run,
 a lexicon and an LM); each probe then copies what it breaks into its own folder, runs one

@@ -14,7 +14,11 @@ from b2t.words.ngram import build_arpa, corpus_vocabulary
 
 
 def _read_corpus(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
+    """The corpus's sentences; a file that is not UTF-8 text is a user error naming it."""
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}): expected a corpus, one sentence per line") from e
 
 
 @click.group(cls=Group)
