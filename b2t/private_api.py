@@ -126,9 +126,9 @@ def raise_recompile_limit(at_least: int) -> None:
 
 
 def gru_layer(x: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
-    """One batch-first GRU layer by torch's kernel (what `nn.GRU` calls): (B, P, D), (1, B, H)
-    -> (B, P, H); `params` = weight_ih, weight_hh, bias_ih, bias_hh."""
-    y, _ = torch._VF.gru(x, h0, params, True, 1, 0.0, False, False, True)
+    """One time-major GRU layer by torch's kernel (what `nn.GRU` calls): (P, B, D), (1, B, H)
+    -> (P, B, H); `params` = weight_ih, weight_hh, bias_ih, bias_hh."""
+    y, _ = torch._VF.gru(x, h0, params, True, 1, 0.0, False, False, False)
     return y
 
 

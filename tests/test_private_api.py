@@ -142,7 +142,7 @@ def test_gru_layer_computes_the_gru_equations():
     B, P, D, H = 3, 4, 5, 7
     x, h = torch.randn(B, P, D, generator=g), torch.randn(1, B, H, generator=g)
     w_ih, w_hh, b_ih, b_hh = (torch.randn(*shape, generator=g) for shape in ((3 * H, D), (3 * H, H), (3 * H,), (3 * H,)))
-    got = gru_layer(x, h, [w_ih, w_hh, b_ih, b_hh])
+    got = gru_layer(x.transpose(0, 1), h, [w_ih, w_hh, b_ih, b_hh]).transpose(0, 1)  # time-major
     state, expected = h[0], []
     for t in range(P):
         xr, xz, xn = (x[:, t] @ w_ih.T + b_ih).chunk(3, dim=1)

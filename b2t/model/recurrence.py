@@ -62,13 +62,16 @@ def native_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor]
 
     `keep` (L-1, B, P, H): dropout masks applied to each layer's input after the first, or None.
     """
-    y, outputs = x, []
+    # Time-major and packed, as torch's kernel walks it: batch-first, the kernel would
+    # transpose the input itself, and its input projection on that view copies the weight
+    # once per step wherever the weight does not require grad (inside a custom op's kernel).
+    y, outputs = x.transpose(0, 1).contiguous(), []  # (P, B, D)
     with _native_autocast(x, h0):
         for layer, params in enumerate(_layers(weights)):
             if layer and keep is not None:
-                y = y * keep[layer - 1].to(y.dtype)
-            y = gru_layer(y, h0[layer : layer + 1], params)
-            outputs.append(y)
+                y = y * keep[layer - 1].transpose(0, 1).to(y.dtype)
+            y = gru_layer(y, h0[layer : layer + 1], params)  # (P, B, H)
+            outputs.append(y.transpose(0, 1))
     return outputs
 
 

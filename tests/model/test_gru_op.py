@@ -139,3 +139,30 @@ def test_compiled_on_the_cpu_it_is_one_graph_with_the_eager_values_and_gradients
         torch._dynamo.reset()
     for got, want in zip(compiled, _outputs(gru_stack, case, CPU)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cpu_kernel_projects_the_input_of_all_steps_in_one_matmul():
+    """Inside the op's kernel the weights do not require grad, and inductor hands it a view
+    with padded rows (the patches' slice): torch's GRU on that input batch-first broadcast
+    the input weight to every step (a bmm over a copy of it per step, three quarters of
+    inductor's CPU step on the tiny config); time-major and packed it is one matmul."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from b2t.model.recurrence import native_layers
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    gru, x, h0, keep, _ = _case(3, 7, 5, 4, 2, True, 0)
+    padded = torch.nn.functional.pad(x, (0, 3))[:, :, :5]  # (B, P, D) with row stride D + 3
+    weights = [w.detach() for w in gru_weights(gru)]
+    with torch.no_grad(), Ops() as ops:
+        got = native_layers(padded, h0, weights, keep)[-1]
+    assert "bmm" not in ops.seen, sorted(ops.seen)
+    torch.testing.assert_close(got, gru_stack(x, h0, weights, keep), rtol=0, atol=0)
