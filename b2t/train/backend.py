@@ -122,11 +122,10 @@ class Backend:
         if self.name in ("eager", "xla"):
             return fn
         if self.name == "inductor":
-            backend: str | Callable = "inductor"
-        elif self.mesh is None:
-            backend = "openxla"
-        else:
-            backend = spmd_openxla()
+            # torch's own random kernels for the step's noise and dropout masks: inductor's
+            # generated CPU RNG loop took about 70 of a tiny step's 170 ms (docs/benchmarks.md).
+            return torch.compile(fn, backend="inductor", dynamic=False, options={"fallback_random": True})
+        backend = "openxla" if self.mesh is None else spmd_openxla()
         return torch.compile(fn, backend=backend, dynamic=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
