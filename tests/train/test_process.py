@@ -8,10 +8,12 @@ from b2t.private_api import special_scalars_handled
 from b2t.train.process import RECOMPILE_LIMIT, configure_process
 
 
-def test_configuring_makes_the_settings_and_again_keeps_them(monkeypatch):
-    """From torch's and torch_xla's defaults (the suite's conftest made the settings already)."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    with special_scalars_handled(True):
+def test_configuring_makes_the_settings_and_again_keeps_them():
+    """From torch's and torch_xla's defaults (the suite's conftest made the settings already).
+
+    The limit is set back by dynamo's own `config.patch`: pytest's monkeypatch deletes the
+    attribute on undo, which hides the key from torch's config module for the rest of the process."""
+    with torch._dynamo.config.patch(recompile_limit=8), special_scalars_handled(True):
         for _ in range(2):
             configure_process("openxla")
             assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
