@@ -287,6 +287,8 @@ def main(sessions: int, train_trials: int, short: bool, batch_size: int, epochs:
     config = Config(data=DataConfig(n_buckets=4, batch_size=batch_size, days_per_batch=4, epochs=epochs,
                                     batches_per_shard=16), model=ModelConfig())
     if workdir:
+        if workdir.exists():
+            raise click.UsageError(f"--workdir {workdir} exists: the bench writes fresh data: remove it or name a new one")
         workdir.mkdir(parents=True)
         benchmark(workdir, spec, config, reps, workers, chosen)
     else:
