@@ -132,9 +132,10 @@ def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, 
     progress = not no_progress
     try:
         if lm is not None:
-            check_arpa(lm)  # before the model runs: KenLM's own errors name no file
             if is_kenlm_binary(lm):
                 load_lm(lm)  # a binary maps at once: a corrupt one stops here, not in the decode workers
+            else:
+                check_arpa(lm)  # before the model runs: KenLM's own errors name no file
         if compile_cache is not None:
             use_compile_cache(compile_cache)
         evaluator = Evaluator(checkpoint, backend, device)

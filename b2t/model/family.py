@@ -16,6 +16,7 @@ C = 41 classes.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -77,7 +78,7 @@ class FamilyConstructor(Protocol):
         ...
 
 
-class PatchingDecoder(nn.Module):
+class PatchingDecoder(nn.Module, ABC):
     """What both families share: day layers whose output is cut into patches, and GRU stacks.
 
     A subclass names its masks: `input_masks`, one per day layer, and `masked_grus`, its
@@ -96,9 +97,9 @@ class PatchingDecoder(nn.Module):
         """Sessions the day layers cover (every day layer of a model covers the same)."""
         return next(m.n_days for m in self.modules() if isinstance(m, DayLayer))
 
+    @abstractmethod
     def masked_grus(self) -> dict[str, GRUStack]:
         """The GRU stacks by the name of their between-layer mask (the subclass says which)."""
-        raise NotImplementedError(f"{type(self).__name__} does not name its GRU stacks' masks")
 
     def dropout_masks(self, n_rows: int, n_time: int) -> dict[str, DropoutMask]:
         """Input dropout after each day layer and dropout between each GRU's layers, as masks

@@ -152,10 +152,10 @@ def check_arpa(path: str | Path) -> None:
     """Raise ValueError naming `path` unless it begins like an ARPA model (a `\\data\\` line, then
     `ngram N=COUNT` lines) or a KenLM binary: KenLM's own errors name neither file nor format,
     and a binary file makes its message undecodable."""
-    if is_kenlm_binary(path):
-        return
     with open(path, "rb") as f:
         head = f.read(1 << 16)
+    if head.startswith(KENLM_BINARY_MAGIC):
+        return
     expected = ("expected an ARPA language model or a KenLM binary (from `b2t-lm build`): "
                 "a '\\data\\' line, then 'ngram N=COUNT' lines")
     try:
