@@ -251,7 +251,7 @@ def benchmark(work: Path, spec: SynthSpec, config: Config, reps: int, workers: i
         row = f"{name:<11}"
         for kind in CONSUMERS:
             seconds, best, n, size = timed[kind][name]
-            row += (f"{n / seconds:>11.1f} ({n / best:>6.1f}) {timed[kind][base][0] / seconds:>7.1f}x "
+            row += (f"{n / seconds:>11.1f} ({n / best:>6.1f}) {timed[kind][base][0] / seconds:>7.2f}x "
                     f"{size / seconds / 1e9:>5.2f}")
         print(row + f"  {rss[name]:>8.0f} ({rss[name] - rss['idle']:+.0f})")
     print("\nGB/s counts delivered tensor bytes (bf16 features for shards, f32 for the reference). "

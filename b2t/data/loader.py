@@ -28,7 +28,7 @@ from b2t.contract import Batch, check_batch
 from b2t.data.manifest import Manifest, ShardEntry, shard_path
 from b2t.data.mapped_tar import mapped_tar_samples
 from b2t.data.rows import row_problems
-from b2t.data.sample import decode_sample
+from b2t.data.sample import as_tensors, decode_fields
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,14 @@ class _Decoder:
         self.patching = manifest.patching()
 
     def __call__(self, sample: dict[str, Any]) -> Batch:
-        tensors, meta = decode_sample(sample)
+        fields, meta = decode_fields(sample)
+        tensors = as_tensors(fields)
         try:
             bucket = meta.get("bucket") if isinstance(meta, dict) else None
             if not isinstance(bucket, int) or not 0 <= bucket < len(self.buckets):
                 raise ValueError(f"meta bucket {bucket!r} is not an index into the manifest's {len(self.buckets)} buckets")
             check_batch(tensors, self.buckets[bucket])
-            if problems := row_problems(tensors, self.buckets[bucket], self.n_sessions, self.patching):
+            if problems := row_problems(fields, self.buckets[bucket], self.n_sessions, self.patching):
                 raise ValueError("; ".join(problems) + ": run b2t-preprocess verify on the dataset, then rewrite it")
         except ValueError as e:
             raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: {e}") from None

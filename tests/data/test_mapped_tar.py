@@ -102,3 +102,13 @@ def test_a_bad_safetensors_header_names_the_sample_and_shard(tiny_dataset):
     data[8 : 8 + n] = blob
     with pytest.raises(ValueError, match=rf"sample '{sample['__key__']}' from '{path}' does not decode: .*features"):
         decode_sample({**sample, TENSORS_KEY: memoryview(data)})
+
+
+def test_a_tensor_not_aligned_to_its_items_is_refused():
+    """safetensors aligns each tensor to its dtype; an edited header that does not would hand the
+    compiled row check (b2t.data.rows) an array it refuses with a TypeError instead of a message."""
+    header = {"a": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]},
+              "b": {"dtype": "I32", "shape": [1], "data_offsets": [2, 6]}}
+    blob = json.dumps(header).encode()
+    with pytest.raises(ValueError, match=r"tensor 'b': torch.int32 data at byte 2 is not aligned to its 4-byte items"):
+        tensor_views(struct.pack("<Q", len(blob)) + blob + bytes(6))

@@ -1,19 +1,18 @@
 """The reader's row checks: the fast check of a batch agrees with the detailed one on every batch.
 
-`row_problems` runs the table-driven fast check first and the detailed, message-building
+`row_problems` runs the compiled fast check first and the detailed, message-building
 look only when it fails; a disagreement would either pass a bad row (fast says fine) or
 refuse a good batch with no message (fast says bad, the detail finds nothing).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b2t.contract import BucketShape
-from b2t.data.rows import _bounds, _described, row_problems
+from b2t.data.rows import _described, _fine, row_problems
 
 FIELDS = ("valid", "n_time_steps", "phone_seq_lens", "seq_class_ids", "day_indices")
 
@@ -53,7 +52,7 @@ def batches(draw):
 def test_the_fast_check_agrees_with_the_detailed_one(batch):
     tensors, shape, n_sessions, patching = batch
     arrays = [tensors[name].numpy() for name in FIELDS]
-    fine = _bounds(shape, n_sessions, patching).ok(*arrays)
+    fine = _fine(*arrays, shape, n_sessions, patching)
     problems = _described(*arrays, shape, n_sessions, patching)
     assert fine == (problems == []), problems
 
@@ -80,4 +79,3 @@ def test_ctc_counts_repeats_exactly_at_the_bound():
     assert row_problems({**tensors, "n_time_steps": torch.tensor([4], dtype=torch.int32)}, shape, 1, (1, 1)) == []
     assert row_problems({**tensors, "n_time_steps": torch.tensor([3], dtype=torch.int32)}, shape, 1, (1, 1)) == [
         "row 0: 3 labels (1 repeats) need 4 CTC frames, its 3 bins make 3 (patches 1/1)"]
-    assert np.all(_bounds(shape, 1, (1, 1)).frames == np.arange(21))
