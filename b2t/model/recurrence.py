@@ -120,7 +120,8 @@ Walk = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[
 def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, params: list[torch.Tensor],
                     forward_autocast: torch.autocast, walk: Walk) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """One layer: d output (B, P, H), its input (B, P, D), the state before each step (B, P, H)
-    -> d input (B, P, D), d initial state (B, H), d [w_ih, w_hh, b_ih, b_hh], in h_prev's dtype.
+    -> d input (B, P, D) in the input's dtype, d initial state (B, H) and d [w_ih, w_hh, b_ih, b_hh]
+    in h_prev's dtype.
 
     Each gradient of step t is d h_t (g) times a coefficient of the forward's gates, so the
     coefficients are computed for all steps first and `walk` runs only the recurrence
@@ -138,12 +139,14 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     d_n = (1 - z) * (1 - n * n)  # d h_t / d (n's pre-activation)
     coef = torch.stack([d_n * h_n * r * (1 - r), (h_prev - n) * z * (1 - z), d_n * r], dim=2)  # (P, B, 3, H)
     g_all, d_gates_h, carry = walk(d_y, coef, z, w_hh.to(acc))
-    d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2).reshape(P * B, 3 * H)
+    d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2)  # (P, B, 3, H)
+    # rows batch-first, as the input lies: the input (D = 7168 wide at the first layer) is never
+    # transposed, and its gradient comes out (B, P, D) contiguous; only the 3H-wide gates move
+    d_gates_x = d_gates_x.transpose(0, 1).reshape(B * P, 3 * H)
     d_gates_h = d_gates_h.reshape(P * B, 3 * H)
-    inp = inp.transpose(0, 1).reshape(P * B, -1)
     with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
-        d_w_ih = (d_gates_x.T @ inp).to(acc)
-        d_in = (d_gates_x @ w_ih).to(acc).reshape(P, B, -1).transpose(0, 1)
+        d_w_ih = (d_gates_x.T @ inp.reshape(B * P, -1)).to(acc)
+        d_in = (d_gates_x @ w_ih).to(inp.dtype).reshape(B, P, -1)  # the first layer's stays in x's dtype
     d_w_hh = d_gates_h.T @ h_prev.reshape(P * B, H)
     return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum(0)]
 
