@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from b2t.contract import Batch, check_batch
 from b2t.data.manifest import Manifest, ShardEntry, shard_path
 from b2t.data.mapped_tar import mapped_tar_samples
-from b2t.data.rows import row_problems
+from b2t.data.rows import compiled_checks, row_problems
 from b2t.data.sample import as_tensors, decode_fields
 
 
@@ -52,6 +52,7 @@ class _Decoder:
         self.buckets = manifest.buckets
         self.n_sessions = len(manifest.sessions)
         self.patching = manifest.patching()
+        compiled_checks()  # in the main process: forked workers inherit the compiled checks
 
     def __call__(self, sample: dict[str, Any]) -> Batch:
         fields, meta = decode_fields(sample)

@@ -15,9 +15,9 @@ Shape legend: B batch rows, T time bins (the bucket length), L label slots.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 
-import numba
 import numpy as np
 import torch
 
@@ -33,7 +33,6 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-@numba.njit("b1(u1[:], i4[:], i4[:], i4[:, :], i4[:], i8, i8, i8, i8, i8, i8)", cache=True, nogil=True)
 def _rows_fine(valid, n, n_labels, ids, days, T, L, n_sessions, size, stride, top_id):
     """True when every row is fine: one compiled pass that stops at the first bad value (about
     1 us for 32 rows; numpy's whole-array calls took 25 us). size 0: no CTC check. A False goes
@@ -83,8 +82,19 @@ def _fine(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarra
           shape: BucketShape, n_sessions: int, patching: tuple[int, int] | None) -> bool:
     """`_rows_fine` on a batch's fields: the verdict `_described` must agree with."""
     size, stride = patching or (0, 1)
-    return _rows_fine(valid.view(np.uint8), n, n_labels, ids, days, shape.T, shape.L, n_sessions, size, stride,
-                      SILENCE_ID)
+    return compiled_checks()(valid.view(np.uint8), n, n_labels, ids, days, shape.T, shape.L, n_sessions, size,
+                             stride, SILENCE_ID)
+
+
+@functools.cache
+def compiled_checks() -> Callable[..., bool]:
+    """`_rows_fine` as machine code, made on first use: importing numba and loading the code from
+    its on-disk cache take about 0.8 s, which only a process that reads batches should pay. The
+    loader calls this before its workers fork, so they inherit the code instead of loading it."""
+    import numba  # here, not at the top: see above
+
+    signature = "b1(u1[:], i4[:], i4[:], i4[:, :], i4[:], i8, i8, i8, i8, i8, i8)"
+    return numba.njit(signature, cache=True, nogil=True)(_rows_fine)
 
 
 def _described(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray, days: np.ndarray,
