@@ -70,6 +70,8 @@ def shard_problem(root: str | Path, entry: ShardEntry, *, sha256: bool) -> str |
     """What is wrong with one listed shard on disk (missing, size, and with `sha256` its
     digest), naming it; None when it matches the manifest."""
     path = shard_path(root, entry)
+    if path.is_dir():
+        return f"{entry.name}: is a folder, expected a shard file"
     if not path.is_file():
         return f"{entry.name}: missing"
     size = path.stat().st_size

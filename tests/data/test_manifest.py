@@ -25,3 +25,14 @@ def test_shard_problems_name_each_bad_shard(tiny_dataset, tmp_path):
     full = manifest.shard_problems(root, sha256=True)
     assert full[:2] == cheap and full[2].startswith(f"{flipped}: sha256 ") and "differs from the manifest" in full[2]
     assert manifest.shard_problems(root, ("val",), sha256=True) == []
+
+
+def test_a_folder_in_a_shards_place_is_not_called_missing(tiny_dataset, tmp_path):
+    """It was reported as missing, of a path the user can see."""
+    root = tmp_path / "shards"
+    shutil.copytree(tiny_dataset[1], root)
+    manifest = Manifest.load(root)
+    name = manifest.shards_of("val")[0].name
+    (root / name).unlink()
+    (root / name).mkdir()
+    assert manifest.shard_problems(root, ("val",), sha256=False) == [f"{name}: is a folder, expected a shard file"]
