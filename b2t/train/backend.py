@@ -128,9 +128,10 @@ class Backend:
         backend = "openxla" if self.mesh is None else spmd_openxla()
         return torch.compile(fn, backend=backend, dynamic=False)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 compute around the forward; f32 master weights and optimizer state stay f32."""
-        return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE)
+    def autocast(self, dtype: torch.dtype = COMPUTE_DTYPE) -> contextlib.AbstractContextManager:
+        """Compute in `dtype` around the forward (bf16 autocast; f32: none); master weights and
+        optimizer state stay f32 either way."""
+        return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE, enabled=dtype != torch.float32)
 
     def sync(self) -> None:
         """Cut the lazy XLA graph here and run it (a no-op off XLA).
