@@ -29,8 +29,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 BASELINE_CONFIG = CONFIG_DIR / "baseline.yaml"
 TINY_CONFIG = CONFIG_DIR / "tiny.yaml"
 
-COMPUTE_DTYPES = ("bf16", "f32")
-"""`train.compute_dtype`: the forward's matmuls under bf16 autocast, or in f32 (`b2t.contract`)."""
+COMPUTE_DTYPES = ("auto", "bf16", "f32")
+"""`train.compute_dtype`: the forward's matmuls under bf16 autocast, or in f32; auto: bf16
+except on a CPU without bf16 matmuls (`b2t.train.backend.Backend.compute_dtype`)."""
 XLA_BACKENDS = ("openxla", "xla")
 """The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
@@ -163,7 +164,7 @@ class OptimConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     backend: str = "openxla"  # openxla | xla (lazy whole-step tracing) | inductor | eager
-    compute_dtype: str = "bf16"  # the forward's matmuls: bf16 (autocast) | f32 (CPUs without native bf16)
+    compute_dtype: str = "auto"  # the forward's matmuls: bf16 (autocast) | f32 | auto (f32 only on CPUs without bf16)
     steps: int = 120_000  # optimizer steps
     grad_accum: int = 1  # fixed-shape micro-batches per optimizer step
     val_every: int = 2000  # steps between validations (and best-checkpoint checks)

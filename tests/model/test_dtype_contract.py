@@ -63,7 +63,7 @@ def test_every_parameter_is_an_f32_master_weight(cfg):
 def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, extra, seed):
     backend = make_backend("eager", "cpu")
     model = build_model(cfg, N_DAYS)
-    stepper = Stepper(model, None, backend, Config(model=cfg))
+    stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype="bf16")))
     batch = filled_batch(BucketShape(T=cfg.patch_size + extra, B=rows, L=3), cfg, seed)
     activations: list[torch.dtype] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
@@ -83,13 +83,15 @@ def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, ex
     assert float(nll[-1]) == 0.0, "a padding row costs nothing"
 
 
-@pytest.mark.parametrize("name, want", [("bf16", COMPUTE_DTYPE), ("f32", PARAM_DTYPE)])
-def test_the_steps_forward_computes_in_train_compute_dtype(name, want):
+@pytest.mark.parametrize("name", ["bf16", "f32", "auto"])
+def test_the_steps_forward_computes_in_train_compute_dtype(name):
     """`train.compute_dtype` reaches every day and linear layer of the step's forward (f32:
-    no autocast, for CPUs without native bf16); the CTC stays f32 either way."""
+    no autocast; auto: f32 only on a CPU without bf16 matmuls); the CTC stays f32 either way."""
     cfg = ModelConfig(gru=GRUConfig(n_units=8, n_layers=2))
     model = build_model(cfg, N_DAYS)
-    stepper = Stepper(model, None, make_backend("eager", "cpu"), Config(model=cfg, train=TrainConfig(compute_dtype=name)))
+    backend = make_backend("eager", "cpu")
+    want = {"bf16": COMPUTE_DTYPE, "f32": PARAM_DTYPE}.get(name, backend.compute_dtype("auto"))
+    stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype=name)))
     activations: list[torch.dtype] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
              for m in model.modules() if isinstance(m, (nn.Linear, DayLayer))]
@@ -103,7 +105,7 @@ def test_the_steps_forward_computes_in_train_compute_dtype(name, want):
 
 
 def test_an_unknown_compute_dtype_is_refused_by_name():
-    with pytest.raises(ConfigError, match=r"train.compute_dtype='fp16': choose one of bf16, f32"):
+    with pytest.raises(ConfigError, match=r"train.compute_dtype='fp16': choose one of auto, bf16, f32"):
         TrainConfig(compute_dtype="fp16")
 
 
