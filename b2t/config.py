@@ -29,6 +29,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 BASELINE_CONFIG = CONFIG_DIR / "baseline.yaml"
 TINY_CONFIG = CONFIG_DIR / "tiny.yaml"
 
+COMPUTE_DTYPES = ("auto", "bf16", "f32")
+"""`train.compute_dtype`: the forward's matmuls under bf16 autocast, or in f32; auto: bf16
+except on a CPU without bf16 matmuls (`b2t.train.backend.Backend.compute_dtype`)."""
 XLA_BACKENDS = ("openxla", "xla")
 """The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
@@ -161,6 +164,7 @@ class OptimConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     backend: str = "openxla"  # openxla | xla (lazy whole-step tracing) | inductor | eager
+    compute_dtype: str = "auto"  # the forward's matmuls: bf16 (autocast) | f32 | auto (f32 only on CPUs without bf16)
     steps: int = 120_000  # optimizer steps
     grad_accum: int = 1  # fixed-shape micro-batches per optimizer step
     val_every: int = 2000  # steps between validations (and best-checkpoint checks)
@@ -172,6 +176,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(self.backend in BACKENDS, f"train.backend={self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        _require(self.compute_dtype in COMPUTE_DTYPES,
+                 f"train.compute_dtype={self.compute_dtype!r}: choose one of {', '.join(COMPUTE_DTYPES)}")
         for name in ("steps", "grad_accum", "val_every", "log_every", "checkpoint_every", "shuffle_buffer"):
             _require(getattr(self, name) >= 1, f"train.{name} must be >= 1")
         _require(self.num_workers >= 0, "train.num_workers must be >= 0")

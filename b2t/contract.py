@@ -29,11 +29,21 @@ FEATURE_DIM = 512
 # in); every integer field is int32 so no int64/int32 mix ever reaches a graph.
 # Compute: f32 master weights and optimizer state, bf16 autocast around the forward,
 # and the CTC loss in f32 (it is a long log-space recursion; bf16 loses it).
+# `train.compute_dtype: f32` turns the autocast off; `auto` (the default) does so only on
+# a CPU whose bf16 matmuls are emulated (AVX2 only: 10-40x slower than f32 there).
 FEATURE_DTYPE = torch.bfloat16
 INDEX_DTYPE = torch.int32
 PARAM_DTYPE = torch.float32
 COMPUTE_DTYPE = torch.bfloat16
 LOSS_DTYPE = torch.float32
+
+
+def compute_dtype(name: str, bf16_is_native: bool) -> torch.dtype:
+    """`train.compute_dtype` (`b2t.config.COMPUTE_DTYPES`) as a dtype, on a device that does
+    (or, a CPU without bf16 matmuls, does not) compute bf16 natively."""
+    if name == "auto":
+        name = "bf16" if bf16_is_native else "f32"
+    return {"bf16": COMPUTE_DTYPE, "f32": PARAM_DTYPE}[name]
 
 
 @dataclass(frozen=True)

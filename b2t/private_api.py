@@ -31,7 +31,9 @@ by shard, b2t.train.mesh); `aot_autograd`, `openxla_eval_boxed` (`torch._dynamo.
 `raise_recompile_limit` (`torch._dynamo.config.recompile_limit`); `gru_layer` (`torch._VF.gru`,
 the kernel `nn.GRU` calls, b2t.model.recurrence); `scan_no_grad`
 (`torch_xla.experimental.scan._scan_impl_pytree`: scan's loop without its autograd, whose
-saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence).
+saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence);
+`cpu_has_bf16_matmuls` (`torch.ops.mkldnn._is_mkldnn_bf16_supported`: whether oneDNN runs bf16
+on this CPU's vector units, b2t.train.backend).
 """
 
 from __future__ import annotations
@@ -123,6 +125,12 @@ def raise_recompile_limit(at_least: int) -> None:
     """Process-wide: dynamo compiles up to `at_least` graphs per function before it falls back
     to running the function eagerly (silently)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, at_least)
+
+
+def cpu_has_bf16_matmuls() -> bool:
+    """Whether this CPU runs bf16 matmuls in its vector units (AVX512 or AMX); where not
+    (AVX2 only), torch emulates them, 10-40x slower than f32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def gru_layer(x: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:

@@ -136,7 +136,8 @@ def random_batch(shape: BucketShape, n_days: int) -> dict[str, torch.Tensor]:
 def measure(impl: str, mode: str, size: str, T: int, args: argparse.Namespace) -> dict[str, float]:
     """First-step seconds, steady steps/s and peak memory (MiB) of one configuration."""
     device = torch.device(args.device)
-    cfg = load_config(SIZES[size].config, [f"train.backend={mode}"])
+    dtype = "bf16" if args.autocast == "bf16" else "f32"
+    cfg = load_config(SIZES[size].config, [f"train.backend={mode}", f"train.compute_dtype={dtype}"])
     n_days = SIZES[size].n_days
     batch = random_batch(BucketShape(T=T, B=cfg.data.batch_size, L=max(8, T // 12)), n_days)
     torch.manual_seed(0)
@@ -198,7 +199,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     ap.add_argument("--autocast", choices=("bf16", "none"), default="bf16",
-                    help="the baseline step's autocast (b2t's step always runs its own bf16 policy)")
+                    help="both steps' compute: bf16 autocast, or none (f32; b2t's train.compute_dtype=f32)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     ap.add_argument("--warm", type=int, default=3, help="untimed steps first (compilation)")
     ap.add_argument("--T", type=int, default=800, help="time bins per trial at the baseline size")
@@ -218,7 +219,7 @@ def main() -> None:
         print(json.dumps(measure(impl, mode, size, int(T), args)))
         return
     where = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
-    print(f"# b2t step vs the baseline's step structure on {where}; baseline autocast {args.autocast}, "
+    print(f"# b2t step vs the baseline's step structure on {where}; both steps autocast {args.autocast}, "
           f"{args.warm} warm-up + {args.steps} timed steps per row, each row a fresh process")
     print("| size | B x T | step | mode | first step s | steps/s | peak memory MiB |\n|---|---|---|---|---|---|---|")
     for size in args.sizes:

@@ -124,9 +124,9 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _stepper(name: str, manifest: Manifest) -> tuple[Stepper, torch.device]:
+def _stepper(name: str, manifest: Manifest, compute_dtype: str = "bf16") -> tuple[Stepper, torch.device]:
     backend = make_backend(name, "cpu" if name == "eager" else None)
-    cfg = load_config(TINY_CONFIG, [f"train.backend={name}"])
+    cfg = load_config(TINY_CONFIG, [f"train.backend={name}", f"train.compute_dtype={compute_dtype}"])
     model = run_model(manifest, cfg, backend)
     return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
@@ -200,10 +200,10 @@ def warm_up_counts(pipeline: str, shards: Path, manifest: Manifest, steps: int) 
     return warm - start, compilations() - warm
 
 
-def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int) -> tuple[float, int]:
+def steps_per_second(name: str, shards: Path, manifest: Manifest, steps: int, compute_dtype: str) -> tuple[float, int]:
     """Median steady-state steps/s over the same batches, after each shape was seen once, and
     the graph breaks dynamo made in all those steps."""
-    stepper, device = _stepper(name, manifest)
+    stepper, device = _stepper(name, manifest, compute_dtype)
     batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
     for b in batches:
         stepper.train_step([b], 1)
@@ -225,13 +225,13 @@ def run_part(part: str, root: Path, args: argparse.Namespace) -> object:
         return compile_count(pipeline, root / "shards", manifest, args.steps)
     if kind == "warm":
         return warm_up_counts(pipeline, root / "shards", manifest, args.steps)
-    return steps_per_second(pipeline, root / "shards", manifest, 12)
+    return steps_per_second(pipeline, root / "shards", manifest, 12, args.compute_dtype)
 
 
 def in_subprocess(part: str, root: Path, args: argparse.Namespace) -> object:
     """Each measurement in a fresh process: XLA's in-process graph cache would help whoever runs second."""
     cmd = [sys.executable, __file__, "--part", part, "--out", str(root), "--steps", str(args.steps),
-           "--lengths", *map(str, args.lengths)]
+           "--lengths", *map(str, args.lengths), "--compute-dtype", args.compute_dtype]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -243,6 +243,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="where the synthetic data goes (default: a temp dir)")
     ap.add_argument("--speed-only", action="store_true", help="only the steps/s table")
     ap.add_argument("--rounds", type=int, default=1, help="steps/s measurements per backend, alternating")
+    ap.add_argument("--compute-dtype", choices=("bf16", "f32"), default="bf16",
+                    help="train.compute_dtype of the steps/s table (f32 on CPUs without native bf16)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one measurement, run by main itself
     args = ap.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="b2t-bench-compile-"))
@@ -296,7 +298,8 @@ def speed_table(root: Path, args: argparse.Namespace) -> None:
     for _ in tqdm(range(args.rounds), desc="steps/s rounds"):
         for name in backends:
             runs[name].append(in_subprocess(f"speed:{name}", root, args))
-    print("\n## steady-state steps/s, tiny config (median over the same 12 batches; one figure per round)")
+    print(f"\n## steady-state steps/s, tiny config, compute {args.compute_dtype} (median over the same 12 batches; "
+          "one figure per round)")
     print("| backend | steps/s | dynamo graph breaks in the step |\n|---|---|---|")
     for name, results in runs.items():
         breaks = ", ".join(str(b) for _, b in results) if name in ("openxla", "inductor") else "(no dynamo)"

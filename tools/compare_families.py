@@ -20,7 +20,6 @@ Calibration of the preset (the tiny GRU at 150 and 600 steps):
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import statistics
@@ -61,26 +60,13 @@ def make_dataset(work: Path, name: str, rank: int) -> tuple[Path, Path]:
     return hdf5, shards
 
 
-@contextlib.contextmanager
-def f32_compute(on: bool):
-    """The eager backend's forward without bf16 autocast (f32 compute), while the context lasts."""
-    from b2t.train.backend import Backend
-
-    saved = Backend.autocast
-    if on:
-        Backend.autocast = lambda self: contextlib.nullcontext()
-    try:
-        yield
-    finally:
-        Backend.autocast = saved
-
-
 def _records(run: Path) -> list[dict[str, Any]]:
     path = run / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_every: int) -> dict[str, Any]:
+def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_every: int,
+              bf16: bool) -> dict[str, Any]:
     """One eager run (or the one already finished in `run`); its val PER at each validation,
     steps/s and wall time (None for a run finished before)."""
     from b2t.train.loop import RunOptions, train
@@ -88,7 +74,7 @@ def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_
     config, sets = VARIANTS[variant]
     sets = [*sets, "train.backend=eager", f"train.steps={steps}", f"optim.decay_steps={steps}",
             f"train.val_every={val_every}", "train.log_every=10", f"train.checkpoint_every={steps}",
-            f"train.seed={seed}"]
+            f"train.seed={seed}", f"train.compute_dtype={'bf16' if bf16 else 'f32'}"]
     wall = None
     if not any(r["kind"] == "summary" and r["steps"] == steps for r in _records(run)):
         shutil.rmtree(run, ignore_errors=True)
@@ -160,8 +146,7 @@ def main(workdir: Path, steps: int, val_every: int, seeds: tuple[int, ...], vari
                 if any(all(r.get(k) == v for k, v in key.items()) for r in results):
                     continue
                 run = workdir / "runs" / f"{condition}-{variant}-{seed}-{steps}"
-                with f32_compute(not bf16):
-                    row = {**key, **train_run(shards, run, variant, seed, steps, val_every or steps)}
+                row = {**key, **train_run(shards, run, variant, seed, steps, val_every or steps, bf16)}
                 if VARIANTS[variant][0] == NOISE_TINY:
                     row.update(separation(run, hdf5))
                 with log.open("a") as f:

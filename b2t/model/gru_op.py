@@ -6,7 +6,8 @@ second op, `b2t::gru_layers_backward`, as its backward:
 - the forward returns every layer's outputs, which it saves: torch's own GRU kernel on CPU
   and CUDA (cuDNN, `recurrence.native_layers`), one XLA while-loop per layer on XLA
   (`recurrence.scan_layers`, traced by the openxla bridge into the same HLO module as the
-  layers around it);
+  layers around it); on CPU and CUDA also the first layer's input projection, which it
+  saves too (an empty tensor on XLA, where the compiler decides what to keep);
 - the backward (`recurrence.stack_backward`) recomputes only the gates from them, for all
   steps at once, and runs no forward again.
 Outside a compile, on XLA the same kernels run as a `torch.autograd.Function`, not through
@@ -22,40 +23,47 @@ from __future__ import annotations
 
 import torch
 
-from b2t.model.recurrence import native_layers, native_stack, scan_layers, stack_backward
+from b2t.model.recurrence import input_gates, native_layers, native_stack, scan_layers, stack_backward
 
 
 def _all_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                keep: torch.Tensor | None) -> torch.Tensor:
-    """Every layer's output (L, B, P, H) in h0's dtype: the last is the stack's output, and all
-    of them are what the backward needs."""
-    layers = scan_layers if x.device.type == "xla" else native_layers
+                keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer's output (L, B, P, H) in h0's dtype (the last is the stack's output) and
+    the first layer's input projection (P, B, 3H) in x's dtype, (0,) on XLA: what the
+    backward needs."""
     with torch.no_grad():
-        return torch.stack([y.to(h0.dtype) for y in layers(x, h0, weights, keep)])
+        if x.device.type == "xla":
+            outputs, gates = scan_layers(x, h0, weights, keep), x.new_empty(0)
+        else:
+            gates = input_gates(x, h0, weights)
+            outputs = native_layers(x, h0, weights, keep, gates)
+        return torch.stack([y.to(h0.dtype) for y in outputs]), gates
 
 
 @torch.library.custom_op("b2t::gru_layers", mutates_args=(), device_types=("cpu", "cuda", "xla"))
 def _gru_layers_op(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                   keep: torch.Tensor | None) -> torch.Tensor:
+                   keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     return _all_layers(x, h0, weights, keep)
 
 
 @_gru_layers_op.register_fake
 def _(x, h0, weights, keep):
-    return x.new_empty((h0.shape[0], x.shape[0], x.shape[1], h0.shape[2]), dtype=h0.dtype)
+    states = x.new_empty((h0.shape[0], x.shape[0], x.shape[1], h0.shape[2]), dtype=h0.dtype)
+    gates = x.new_empty(0 if x.device.type == "xla" else (x.shape[1], x.shape[0], weights[0].shape[0]))
+    return states, gates
 
 
 @torch.library.custom_op("b2t::gru_layers_backward", mutates_args=(), device_types=("cpu", "cuda", "xla"))
 def _gru_layers_backward_op(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                            keep: torch.Tensor | None, states: torch.Tensor
+                            keep: torch.Tensor | None, states: torch.Tensor, gates: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     with torch.no_grad():
-        dx, dh0, *dweights = stack_backward(grad, x, h0, weights, keep, states)
+        dx, dh0, *dweights = stack_backward(grad, x, h0, weights, keep, states, gates if gates.numel() else None)
     return dx.contiguous(), dh0.contiguous(), [g.contiguous() for g in dweights]
 
 
 @_gru_layers_backward_op.register_fake
-def _(grad, x, h0, weights, keep, states):
+def _(grad, x, h0, weights, keep, states, gates):
     like = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in (x, h0, *weights)]
     return like[0], like[1], like[2:]
 
@@ -64,14 +72,16 @@ def _setup_context(ctx, inputs, output) -> None:
     x, h0, weights, keep = inputs
     ctx.n_weights = len(weights)
     ctx.has_keep = keep is not None
-    ctx.save_for_backward(x, h0, *weights, *([keep] if ctx.has_keep else []), output)
+    states, gates = output
+    ctx.mark_non_differentiable(gates)
+    ctx.save_for_backward(x, h0, *weights, *([keep] if ctx.has_keep else []), states, gates)
 
 
-def _backward(ctx, grad):
+def _backward(ctx, grad, _gates_grad):
     x, h0, *rest = ctx.saved_tensors
     n, k = ctx.n_weights, int(ctx.has_keep)
-    keep, states = (rest[n] if k else None), rest[n + k]
-    dx, dh0, dweights = torch.ops.b2t.gru_layers_backward(grad.contiguous(), x, h0, list(rest[:n]), keep, states)
+    keep, states, gates = (rest[n] if k else None), rest[n + k], rest[n + k + 1]
+    dx, dh0, dweights = torch.ops.b2t.gru_layers_backward(grad.contiguous(), x, h0, list(rest[:n]), keep, states, gates)
     return dx, dh0, dweights, None
 
 
@@ -83,7 +93,7 @@ class _LazyGRULayers(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, h0: torch.Tensor, keep: torch.Tensor | None, *weights: torch.Tensor) -> torch.Tensor:
-        states = _all_layers(x, h0, list(weights), keep)
+        states, _ = _all_layers(x, h0, list(weights), keep)
         ctx.save_for_backward(x, h0, keep, states, *weights)
         return states
 
@@ -103,7 +113,7 @@ def gru_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     (0 or 1/(1-p)), or None for no dropout. Matmuls in x's dtype, state in h0's.
     """
     if torch.compiler.is_compiling():
-        return torch.ops.b2t.gru_layers(x, h0, weights, keep)[-1]
+        return torch.ops.b2t.gru_layers(x, h0, weights, keep)[0][-1]
     if x.device.type == "xla":
         return _LazyGRULayers.apply(x, h0, keep, *weights)[-1]
     return native_stack(x, h0, weights, keep)

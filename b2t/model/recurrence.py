@@ -57,10 +57,14 @@ def _native_autocast(x: torch.Tensor, h0: torch.Tensor) -> torch.autocast:
 
 
 def native_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                  keep: torch.Tensor | None) -> list[torch.Tensor]:
+                  keep: torch.Tensor | None, first_gates: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Torch's GRU kernel, layer by layer: (B, P, D), (L, B, H) -> every layer's output (B, P, H).
 
     `keep` (L-1, B, P, H): dropout masks applied to each layer's input after the first, or None.
+    `first_gates` (P, B, 3H): the first layer's input projection from `input_gates`, given so
+    the backward can keep it (the kernel keeps no gates); it goes into torch's kernel as the
+    input, with an identity input weight and no input bias: x * 1 + 0 in the kernel's f32
+    accumulation is exact, so the outputs are the kernel's own, bit for bit.
     """
     # Time-major and packed, as torch's kernel walks it: batch-first, the kernel would
     # transpose the input itself, and its input projection on that view copies the weight
@@ -70,9 +74,26 @@ def native_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor]
         for layer, params in enumerate(_layers(weights)):
             if layer and keep is not None:
                 y = y * keep[layer - 1].transpose(0, 1).to(y.dtype)
+            if not layer and first_gates is not None:
+                y, params = first_gates, _identity_input(params)
             y = gru_layer(y, h0[layer : layer + 1], params)  # (P, B, H)
             outputs.append(y.transpose(0, 1))
     return outputs
+
+
+def input_gates(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+    """The first layer's input projection, time-major: (B, P, D) -> (P, B, 3H) in x's dtype,
+    the matmul torch's kernel runs for all steps at once (same op, operands and dtypes)."""
+    w_ih, _, b_ih, _ = weights[:4]
+    with _native_autocast(x, h0):
+        return F.linear(x.transpose(0, 1).contiguous(), w_ih, b_ih)
+
+
+def _identity_input(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A layer's [w_ih, w_hh, b_ih, b_hh] with w_ih = I (3H, 3H) and b_ih = 0, for an input
+    that is already the input projection."""
+    w_ih, w_hh, b_ih, b_hh = params
+    return [torch.eye(w_ih.shape[0], dtype=w_ih.dtype, device=w_ih.device), w_hh, torch.zeros_like(b_ih), b_hh]
 
 
 def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
@@ -82,16 +103,19 @@ def native_stack(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
 
 
 def stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                   keep: torch.Tensor | None, states: torch.Tensor) -> list[torch.Tensor]:
+                   keep: torch.Tensor | None, states: torch.Tensor,
+                   first_gates: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Gradients [x, h0, *weights] of <grad, states> from the saved layer outputs `states`, on
     any device (the backward of both forward kernels).
 
     `states`, `grad` (L, B, P, H): the layer outputs stacked (in h0's dtype) and their
     gradient. Nothing of the forward runs again: each layer's gates are recomputed from its
     input and its saved outputs for all steps at once (two matmuls under the forward's
-    autocast), and only the recurrence of the state's gradient walks the steps, in h0's dtype
-    (a Python loop on CPU/CUDA, one reverse XLA while-loop on XLA). The recurrent weight is
-    loop-invariant: it is read by every step, never saved per step.
+    autocast; one for the first layer when its input projection `first_gates` (P, B, 3H) was
+    kept, which on CPU/CUDA saves the widest matmul of the step, D = 7168), and only the
+    recurrence of the state's gradient walks the steps, in h0's dtype (a Python loop on
+    CPU/CUDA, one reverse XLA while-loop on XLA). The recurrent weight is loop-invariant: it
+    is read by every step, never saved per step.
     """
     layers = _layers(weights)
     d_weights: list[torch.Tensor] = []
@@ -103,7 +127,8 @@ def stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weight
             inp = x if layer == 0 else _masked(_layer_of(states, layer - 1), keep, layer - 1)
             state = _layer_of(states, layer)
             h_prev = torch.cat([_layer_of(h0, layer)[:, None], state[:, :-1]], dim=1)  # (B, P, H): state before each step
-            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0), walk)
+            gates = first_gates if layer == 0 else None
+            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0), walk, gates)
             d_weights[:0], d_h0[:0] = grads, [d_state]
             if layer:
                 d_y = _layer_of(grad, layer - 1) + _masked(d_in, keep, layer - 1)
@@ -118,10 +143,11 @@ Walk = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[
 
 
 def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, params: list[torch.Tensor],
-                    forward_autocast: torch.autocast, walk: Walk) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """One layer: d output (B, P, H), its input (B, P, D), the state before each step (B, P, H)
-    -> d input (B, P, D) in the input's dtype, d initial state (B, H) and d [w_ih, w_hh, b_ih, b_hh]
-    in h_prev's dtype.
+                    forward_autocast: torch.autocast, walk: Walk, gates_x: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """One layer: d output (B, P, H), its input (B, P, D), the state before each step (B, P, H),
+    its input projection (P, B, 3H) if the forward kept it, else None -> d input (B, P, D) in
+    the input's dtype, d initial state (B, H) and d [w_ih, w_hh, b_ih, b_hh] in h_prev's dtype.
 
     Each gradient of step t is d h_t (g) times a coefficient of the forward's gates, so the
     coefficients are computed for all steps first and `walk` runs only the recurrence
@@ -131,7 +157,8 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     B, P, H = h_prev.shape
     acc = h_prev.dtype
     with forward_autocast:  # the gates as the forward computed them (its op order and dtypes)
-        x_r, x_z, x_n = F.linear(inp, w_ih, b_ih).chunk(3, dim=2)
+        gx = F.linear(inp, w_ih, b_ih) if gates_x is None else gates_x.transpose(0, 1)  # (B, P, 3H)
+        x_r, x_z, x_n = gx.chunk(3, dim=2)
         h_r, h_z, h_n = F.linear(h_prev, w_hh, b_hh).chunk(3, dim=2)
         r, z = torch.sigmoid(h_r + x_r), torch.sigmoid(h_z + x_z)
         n = torch.tanh(x_n + h_n * r)

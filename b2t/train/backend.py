@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from b2t.config import XLA_BACKENDS
-from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE
-from b2t.private_api import aot_autograd, openxla_eval_boxed
+from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, compute_dtype
+from b2t.private_api import aot_autograd, cpu_has_bf16_matmuls, openxla_eval_boxed
 from b2t.train.mesh import SpmdMesh
 from b2t.train.process import configure_process
 from b2t.train.rng import CounterRng, Rng, TorchRng
@@ -128,9 +128,15 @@ class Backend:
         backend = "openxla" if self.mesh is None else spmd_openxla()
         return torch.compile(fn, backend=backend, dynamic=False)
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 compute around the forward; f32 master weights and optimizer state stay f32."""
-        return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE)
+    def compute_dtype(self, name: str) -> torch.dtype:
+        """`train.compute_dtype` `name` on this device: `auto` is bf16 on XLA and CUDA, and on
+        a CPU only where it has bf16 matmuls (`private_api.cpu_has_bf16_matmuls`)."""
+        return compute_dtype(name, self.device.type != "cpu" or cpu_has_bf16_matmuls())
+
+    def autocast(self, dtype: torch.dtype = COMPUTE_DTYPE) -> contextlib.AbstractContextManager:
+        """Compute in `dtype` around the forward (bf16 autocast; f32: none); master weights and
+        optimizer state stay f32 either way."""
+        return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE, enabled=dtype != torch.float32)
 
     def sync(self) -> None:
         """Cut the lazy XLA graph here and run it (a no-op off XLA).
@@ -208,9 +214,10 @@ def spmd_openxla() -> Callable:
     return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
 
 
-def describe(backend: Backend) -> str:
+def describe(backend: Backend, compute: str = "bf16") -> str:
     """The line b2t-train prints first: which device it found, e.g.
-    `device: xla:0 = TPU (TPU v5 lite), 4 devices on this host, PJRT_DEVICE=TPU; backend openxla`."""
+    `device: xla:0 = TPU (TPU v5 lite), 4 devices on this host, PJRT_DEVICE=TPU; backend openxla`,
+    and, for a `compute` (`train.compute_dtype`) that is not bf16 there, that it computes in f32."""
     if backend.xla:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
@@ -225,4 +232,8 @@ def describe(backend: Backend) -> str:
         what = f"{backend.device} = {torch.cuda.get_device_name(backend.device)}"
     else:
         what = f"{backend.device} (the host CPU, no XLA)"
-    return f"device: {what}; backend {backend.name}"
+    line = f"device: {what}; backend {backend.name}"
+    if backend.compute_dtype(compute) == torch.float32:
+        why = " (this CPU has no bf16 matmuls)" if compute == "auto" else ""
+        line += f"; computing in f32{why}"
+    return line

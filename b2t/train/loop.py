@@ -216,14 +216,15 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
     log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
                      tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
     if layout.is_main:
-        tqdm.write(describe(backend))
+        tqdm.write(describe(backend, cfg.train.compute_dtype))
     if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
         log.write("init", source=str(init.source), kept=init.kept, new=init.new)
         tqdm.write(init.summary())
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
                               num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
-              mesh=layout.mesh, first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
+              mesh=layout.mesh, compute=str(backend.compute_dtype(cfg.train.compute_dtype)).removeprefix("torch."),
+              first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
     bar = progress_bar(total=cfg.train.steps, initial=state.step, unit="step",
                        disable=not (opts.progress and layout.is_main))
     return Run(dataset, run_dir, manifest, cfg, layout, backend, model, optimizer,

@@ -50,6 +50,7 @@ class Stepper:
         wrapper (which all-reduces gradients in backward); default `model` itself."""
         self.model, self.optimizer, self.backend, self.cfg = model, optimizer, backend, cfg
         self.forward = model if forward is None else forward
+        self._compute = backend.compute_dtype(cfg.train.compute_dtype)
         self._train_fn = backend.compile(self._forward_loss)
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(functools.partial(self._forward_eval, log_probs=True))
@@ -73,8 +74,8 @@ class Stepper:
         rng = None if seed is None else self.backend.rng(seed)
         features, n_time_steps = augment(features, n_time_steps, self.cfg.augment, train=rng is not None, rng=rng)
         masks = None if rng is None else _drawn(self.model.dropout_masks(*features.shape[:2]), rng)
-        with self.backend.autocast():
-            heads = self.forward(features, day_indices, masks, schedule, heads_wanted)  # {head: (B, P, C)} bf16
+        with self.backend.autocast(self._compute):
+            heads = self.forward(features, day_indices, masks, schedule, heads_wanted)  # {head: (B, P, C)} bf16 or f32
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
         return heads, _ctc_per_head(heads, seq_class_ids, out_lens, phone_seq_lens), out_lens
 

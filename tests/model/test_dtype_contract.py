@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch_xla.debug.metrics as met
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from b2t.config import Config, GRUConfig, ModelConfig, NoiseSeparatingConfig
+from b2t.config import Config, ConfigError, GRUConfig, ModelConfig, NoiseSeparatingConfig, TrainConfig
 from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, PARAM_DTYPE, Batch, BucketShape, empty_batch
 from b2t.model.layers import DayLayer, GRUStack, day_parameters
 from b2t.model.registry import build_model
@@ -62,7 +63,7 @@ def test_every_parameter_is_an_f32_master_weight(cfg):
 def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, extra, seed):
     backend = make_backend("eager", "cpu")
     model = build_model(cfg, N_DAYS)
-    stepper = Stepper(model, None, backend, Config(model=cfg))
+    stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype="bf16")))
     batch = filled_batch(BucketShape(T=cfg.patch_size + extra, B=rows, L=3), cfg, seed)
     activations: list[torch.dtype] = []
     hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
@@ -80,6 +81,32 @@ def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, ex
     assert out_lens.dtype == torch.int32 and frame_ids.dtype == torch.int32
     assert torch.isfinite(log_probs).all() and torch.isfinite(nll).all()
     assert float(nll[-1]) == 0.0, "a padding row costs nothing"
+
+
+@pytest.mark.parametrize("name", ["bf16", "f32", "auto"])
+def test_the_steps_forward_computes_in_train_compute_dtype(name):
+    """`train.compute_dtype` reaches every day and linear layer of the step's forward (f32:
+    no autocast; auto: f32 only on a CPU without bf16 matmuls); the CTC stays f32 either way."""
+    cfg = ModelConfig(gru=GRUConfig(n_units=8, n_layers=2))
+    model = build_model(cfg, N_DAYS)
+    backend = make_backend("eager", "cpu")
+    want = {"bf16": COMPUTE_DTYPE, "f32": PARAM_DTYPE}.get(name, backend.compute_dtype("auto"))
+    stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype=name)))
+    activations: list[torch.dtype] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
+             for m in model.modules() if isinstance(m, (nn.Linear, DayLayer))]
+    try:
+        nll, _, _, log_probs = stepper.log_probs_step(filled_batch(BucketShape(T=cfg.patch_size + 8, B=2, L=3), cfg, 0))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert activations and set(activations) == {want}
+    assert nll.dtype == log_probs.dtype == LOSS_DTYPE
+
+
+def test_an_unknown_compute_dtype_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"train.compute_dtype='fp16': choose one of auto, bf16, f32"):
+        TrainConfig(compute_dtype="fp16")
 
 
 def _compile_count() -> int:

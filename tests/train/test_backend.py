@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from b2t.config import BACKENDS, XLA_BACKENDS
+from b2t.train import backend as backend_module
 from b2t.train.backend import CompileStats, describe, make_backend
 
 
@@ -48,3 +49,16 @@ def test_describe_names_the_device_it_found():
     assert describe(make_backend("eager", "cpu")) == "device: cpu (the host CPU, no XLA); backend eager"
     line = describe(make_backend("xla"))
     assert line.startswith("device: xla:0 = CPU (cpu), ") and "PJRT_DEVICE=CPU; backend xla" in line
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_auto_compute_is_f32_only_on_a_cpu_without_bf16_matmuls_and_the_run_says_so(monkeypatch, has_bf16):
+    monkeypatch.setattr(backend_module, "cpu_has_bf16_matmuls", lambda: has_bf16)
+    cpu, xla = make_backend("eager", "cpu"), make_backend("xla")
+    assert cpu.compute_dtype("auto") == (torch.bfloat16 if has_bf16 else torch.float32)
+    assert xla.compute_dtype("auto") == torch.bfloat16, "XLA computes bf16 itself"
+    assert (cpu.compute_dtype("bf16"), cpu.compute_dtype("f32")) == (torch.bfloat16, torch.float32)
+    said = describe(cpu, "auto")
+    assert said.endswith("; computing in f32 (this CPU has no bf16 matmuls)") != has_bf16
+    assert describe(cpu, "f32").endswith("backend eager; computing in f32")
+    assert describe(xla, "auto").endswith("backend xla")

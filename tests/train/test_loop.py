@@ -99,8 +99,9 @@ def test_the_noise_separating_family_learns_on_every_backend(tiny_dataset, tmp_p
 
 
 def _stepper(backend_name, shards, config):
-    """A fresh Stepper for `config` on `backend_name`, and the shards' training batches."""
-    cfg = load_config(config, [f"train.backend={backend_name}"])
+    """A fresh Stepper for `config` on `backend_name`, and the shards' training batches; bf16
+    compute on every backend (on a CPU without bf16 matmuls eager's `auto` would be f32)."""
+    cfg = load_config(config, [f"train.backend={backend_name}", "train.compute_dtype=bf16"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, None if backend_name != "eager" else "cpu")
     model = run_model(manifest, cfg, backend)
