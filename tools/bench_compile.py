@@ -17,7 +17,8 @@ naive port keeps it: per-day parameters picked with `.item()`, `Tensor.unfold` p
     PJRT_DEVICE=CPU python tools/bench_compile.py [--steps 50] [--out DIR] [--speed-only --rounds 2]
 
 `--speed-only` prints table 4 alone; `--rounds N` measures each backend N times, the
-backends alternating within each round (on a shared, noisy machine).
+backends alternating within each round (on a shared, noisy machine); `--backends` picks
+them, `--compute-dtype f32` runs them in f32 (`train.compute_dtype`).
 """
 
 from __future__ import annotations
@@ -243,6 +244,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="where the synthetic data goes (default: a temp dir)")
     ap.add_argument("--speed-only", action="store_true", help="only the steps/s table")
     ap.add_argument("--rounds", type=int, default=1, help="steps/s measurements per backend, alternating")
+    ap.add_argument("--backends", nargs="+", choices=(*XLA_BACKENDS, "inductor", "eager"),
+                    default=[*XLA_BACKENDS, "inductor", "eager"], help="the steps/s table's backends")
     ap.add_argument("--compute-dtype", choices=("bf16", "f32"), default="bf16",
                     help="train.compute_dtype of the steps/s table (f32 on CPUs without native bf16)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one measurement, run by main itself
@@ -293,10 +296,9 @@ def compile_tables(root: Path, manifest: Manifest, args: argparse.Namespace) -> 
 
 def speed_table(root: Path, args: argparse.Namespace) -> None:
     """Table 4: each figure from a fresh process, the backends in turn `args.rounds` times."""
-    backends = (*XLA_BACKENDS, "inductor", "eager")
-    runs: dict[str, list] = {name: [] for name in backends}
+    runs: dict[str, list] = {name: [] for name in args.backends}
     for _ in tqdm(range(args.rounds), desc="steps/s rounds"):
-        for name in backends:
+        for name in args.backends:
             runs[name].append(in_subprocess(f"speed:{name}", root, args))
     print(f"\n## steady-state steps/s, tiny config, compute {args.compute_dtype} (median over the same 12 batches; "
           "one figure per round)")
