@@ -231,7 +231,7 @@ def main() -> None:
                 if isinstance(got, str):
                     print(f"| {size} | {B} x {T} | {impl} | {mode} | failed: {got} | | |", flush=True)
                 else:
-                    print(f"| {size} | {B} x {T} | {impl} | {mode} | {got['first_s']:.1f} | {got['steps_per_s']:.2f} "
+                    print(f"| {size} | {B} x {T} | {impl} | {mode} | {got['first_s']:.1f} | {got['steps_per_s']:.3g} "
                           f"| {got['peak_mib']:.0f} |", flush=True)
 
 
