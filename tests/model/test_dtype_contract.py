@@ -5,7 +5,9 @@ bucket's training step compiles once."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -58,6 +60,19 @@ def test_every_parameter_is_an_f32_master_weight(cfg):
     assert all(p.dtype == PARAM_DTYPE and p.requires_grad for p in [*days.values(), *h0])
 
 
+@contextlib.contextmanager
+def layer_dtypes(model: nn.Module) -> Iterator[list[torch.dtype]]:
+    """The output dtype of every day and linear layer call while the context lasts."""
+    activations: list[torch.dtype] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
+             for m in model.modules() if isinstance(m, (nn.Linear, DayLayer))]
+    try:
+        yield activations
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 @settings(max_examples=15, deadline=None)
 @given(cfg=family_configs(), rows=st.integers(2, 4), extra=st.integers(0, 12), seed=st.integers(0, 2**16))
 def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, extra, seed):
@@ -65,16 +80,10 @@ def test_forward_under_the_run_autocast_is_bf16_and_the_ctc_is_f32(cfg, rows, ex
     model = build_model(cfg, N_DAYS)
     stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype="bf16")))
     batch = filled_batch(BucketShape(T=cfg.patch_size + extra, B=rows, L=3), cfg, seed)
-    activations: list[torch.dtype] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
-             for m in model.modules() if isinstance(m, (nn.Linear, DayLayer))]
-    try:
+    with layer_dtypes(model) as activations:
         with backend.autocast():
             heads = model(batch.tensors["features"], batch.tensors["day_indices"])
         nll, frame_ids, out_lens, log_probs = stepper.log_probs_step(batch)
-    finally:
-        for h in hooks:
-            h.remove()
     assert set(heads) == set(model.heads) and {v.dtype for v in heads.values()} == {COMPUTE_DTYPE}
     assert activations and set(activations) == {COMPUTE_DTYPE}, "day layers and linear layers compute in bf16"
     assert log_probs.dtype == LOSS_DTYPE and nll.dtype == LOSS_DTYPE
@@ -92,14 +101,8 @@ def test_the_steps_forward_computes_in_train_compute_dtype(name):
     backend = make_backend("eager", "cpu")
     want = {"bf16": COMPUTE_DTYPE, "f32": PARAM_DTYPE}.get(name, backend.compute_dtype("auto"))
     stepper = Stepper(model, None, backend, Config(model=cfg, train=TrainConfig(compute_dtype=name)))
-    activations: list[torch.dtype] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: activations.append(out.dtype))
-             for m in model.modules() if isinstance(m, (nn.Linear, DayLayer))]
-    try:
+    with layer_dtypes(model) as activations:
         nll, _, _, log_probs = stepper.log_probs_step(filled_batch(BucketShape(T=cfg.patch_size + 8, B=2, L=3), cfg, 0))
-    finally:
-        for h in hooks:
-            h.remove()
     assert activations and set(activations) == {want}
     assert nll.dtype == log_probs.dtype == LOSS_DTYPE
 
