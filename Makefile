@@ -61,13 +61,19 @@ demo-noise:
 lint: install
 	$(VENV)/bin/ruff check b2t preprocess tests tools
 
+# Test processes (pytest-xdist; a test file stays on one of them, so its fixtures are made
+# once), each computing on one thread: most tests use one core, and more threads per process
+# only contend (times: docs/testing.md). TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 # The default suite: every kind of test, the slow end-to-end twins left out (see README).
 test: lint
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # Everything, the `slow` tests included.
 test-all: lint
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 # The figures of the README's Figures section (minutes on a 2-core machine).
 bench: install
