@@ -31,6 +31,7 @@ from typing import Any
 import click
 
 from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
+from preprocess.synth import SynthSpec, preset_spec
 
 NOISE_TINY = CONFIG_DIR / "noise_tiny.yaml"
 VARIANTS: dict[str, tuple[Path, list[str]]] = {
@@ -46,12 +47,17 @@ CONDITIONS = {"structured": 4, "no_structured": 0}
 """Dataset name -> --structured-noise-rank."""
 
 
+def dataset_spec(rank: int) -> SynthSpec:
+    """The realistic preset (seed 0, 5 sessions, ground truth kept) with `rank` structured components."""
+    return replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True)
+
+
 def make_dataset(work: Path, name: str, rank: int) -> tuple[Path, Path]:
-    """The realistic preset (seed 0, 5 sessions, ground truth kept) and its shards; reused when present."""
-    from preprocess.synth import SynthSpec, preset_spec, read_spec, write_dataset
+    """`dataset_spec(rank)` and its shards (the tiny recipe); reused when present."""
+    from preprocess.synth import read_spec, write_dataset
     from preprocess.writer import prepare_dataset
 
-    spec: SynthSpec = replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True)
+    spec = dataset_spec(rank)
     hdf5, shards = work / name / "hdf5", work / name / "shards"
     if read_spec(hdf5) != spec:
         shutil.rmtree(work / name, ignore_errors=True)
@@ -65,16 +71,23 @@ def _records(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def run_settings(variant: str, seed: int, steps: int, val_every: int, compute_dtype: str,
+                 backend: str = "eager") -> tuple[Path, list[str]]:
+    """A variant's config and --set overrides for a run of `steps` (the cosine decays to its
+    last step, one checkpoint at the end); the slow learning tests train the same runs."""
+    config, sets = VARIANTS[variant]
+    return config, [*sets, f"train.backend={backend}", f"train.steps={steps}", f"optim.decay_steps={steps}",
+                    f"train.val_every={val_every}", "train.log_every=10", f"train.checkpoint_every={steps}",
+                    f"train.seed={seed}", f"train.compute_dtype={compute_dtype}"]
+
+
 def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_every: int,
               bf16: bool) -> dict[str, Any]:
     """One eager run (or the one already finished in `run`); its val PER at each validation,
     steps/s and wall time (None for a run finished before)."""
     from b2t.train.loop import RunOptions, train
 
-    config, sets = VARIANTS[variant]
-    sets = [*sets, "train.backend=eager", f"train.steps={steps}", f"optim.decay_steps={steps}",
-            f"train.val_every={val_every}", "train.log_every=10", f"train.checkpoint_every={steps}",
-            f"train.seed={seed}", f"train.compute_dtype={'bf16' if bf16 else 'f32'}"]
+    config, sets = run_settings(variant, seed, steps, val_every, "bf16" if bf16 else "f32")
     wall = None
     if not any(r["kind"] == "summary" and r["steps"] == steps for r in _records(run)):
         shutil.rmtree(run, ignore_errors=True)

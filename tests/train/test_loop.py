@@ -21,10 +21,11 @@ from b2t.train.metrics_log import TENSORBOARD_DIR
 from b2t.train.optim import make_optimizer
 from b2t.train.rng import CounterRng
 from b2t.train.step import Stepper
+from preprocess.synth import write_dataset
+from preprocess.writer import prepare_dataset
+from tools.compare_families import CONDITIONS, dataset_spec, run_settings
 
 NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
-OPENXLA_PER_150 = 0.003
-"""Val PER of the tiny config after 150 openxla steps, as measured on the XLA CPU device (chance is 1.0)."""
 COMPILES_PER_BUCKET = 4
 """The issue-10 bound: measured 11 for 3 buckets with openxla on the tiny config (per bucket
 the train forward, its backward and the eval graph; plus two optimizer-update graphs)."""
@@ -59,43 +60,42 @@ def test_openxla_compiles_each_bucket_once_then_never(tiny_dataset, tmp_path):
     assert (tmp_path / "best.safetensors").exists() and (tmp_path / "last.safetensors").exists()
 
 
-@pytest.mark.slow
-def test_openxla_learns_in_150_steps_with_no_new_graph(tiny_dataset, tmp_path):
-    _, shards = tiny_dataset
-    n_buckets = len(Manifest.load(shards).buckets)
-    cfg = load_config(TINY_CONFIG, ["train.backend=openxla", "train.steps=150", "train.log_every=10",
-                                    "train.val_every=75"])
-    summary = train(shards, tmp_path, cfg, RunOptions(progress=False,
-                                                      max_compiles=n_buckets * COMPILES_PER_BUCKET))
-    _check_compiled_once(summary, tmp_path, n_buckets)
-    val = _records(tmp_path, "val")
-    print(f"val PER after 75 and 150 steps: {[r['per'] for r in val]}")
-    assert val[-1]["per"] == pytest.approx(OPENXLA_PER_150, abs=0.05), "not the measured learning curve"
+@pytest.fixture(scope="module")
+def realistic_shards(tmp_path_factory):
+    """tools/compare_families.py's structured dataset (b2t-synth --preset realistic), tiny recipe."""
+    root = tmp_path_factory.mktemp("realistic")
+    write_dataset(dataset_spec(CONDITIONS["structured"]), root / "hdf5")
+    prepare_dataset(root / "hdf5", root / "shards", load_config(TINY_CONFIG), workers=1, progress=False)
+    return root / "shards"
 
 
-NOISE_PER_150 = {"openxla": 0.002, "xla": 0.003, "eager": 0.005}
-"""Val PER of configs/noise_tiny.yaml after 150 steps on each backend, as measured on this
-data with train.seed 0 (chance is 1.0; the GRU family's openxla figure is OPENXLA_PER_150).
-Other seeds land as close (seeds 1 and 2: xla 0.009 and 0.005, eager 0.009 and 0.003);
-with the tiny recipe's earlier Adam eps of 0.001 most seeds stayed near chance."""
+LEARNING_RUNS = {"gru": (600, 0.02), "noise_separating": (300, 0.16)}
+"""Family -> (steps, val PER bound) on the realistic data, train.seed 0, f32 (chance is 1.0).
+Measured with the same settings (tools/compare_families.py; docs/separation.md), eager:
+- gru, 600 steps: seeds 0/1/2 0.013/0.013/0.012 (spread 0.0016); learning at half speed
+  (optim.lr and lr_day halved) 0.031. Bound: the worst seed plus 4 spreads.
+- noise_separating, 300 steps: seeds 0.076/0.080/0.118 (spread 0.042); half speed 0.181.
+  Bound: the worst seed plus one spread.
+openxla, seed 0: gru 0.012, noise_separating 0.083."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["openxla", "xla", "eager"])
-def test_the_noise_separating_family_learns_on_every_backend(tiny_dataset, tmp_path, backend):
-    _, shards = tiny_dataset
-    n_buckets = len(Manifest.load(shards).buckets)
-    cfg = load_config(NOISE_TINY_CONFIG, [f"train.backend={backend}", "train.steps=150", "train.log_every=10",
-                                          "train.val_every=75"])
-    summary = train(shards, tmp_path, cfg, RunOptions(progress=False, device="cpu" if backend == "eager" else None,
-                                                      max_compiles=n_buckets * COMPILES_PER_BUCKET))
+@pytest.mark.parametrize("family, backend", [("gru", "eager"), ("gru", "openxla"), ("noise_separating", "eager"),
+                                             ("noise_separating", "openxla")])
+def test_each_family_learns_on_realistic_data(realistic_shards, tmp_path, family, backend):
+    """On XLA also: each bucket compiles once over the whole run. XLA draws its own dropout and
+    noise masks, another seed in effect, so the eager seeds' bound holds for it too."""
+    steps, bound = LEARNING_RUNS[family]
+    config, sets = run_settings(family, 0, steps, steps, "f32", backend)
+    n_buckets = len(Manifest.load(realistic_shards).buckets)
+    summary = train(realistic_shards, tmp_path, load_config(config, sets),
+                    RunOptions(progress=False, device="cpu" if backend == "eager" else None,
+                               max_compiles=n_buckets * COMPILES_PER_BUCKET))
     if backend != "eager":
         _check_compiled_once(summary, tmp_path, n_buckets)
-    train_records = _records(tmp_path, "train")
-    assert set(train_records[-1]["losses"]) == {"clean", "noisy"}
-    val = _records(tmp_path, "val")
-    print(f"val PER at the two validations: {[r['per'] for r in val]}")
-    assert val[-1]["per"] == pytest.approx(NOISE_PER_150[backend], abs=0.05), "not the measured learning curve"
+    per = _records(tmp_path, "val")[-1]["per"]
+    print(f"{family} on {backend}: val PER {per:.3f} after {steps} steps")
+    assert per < bound, f"slower learning than the measured seeds (bound {bound})"
 
 
 def _stepper(backend_name, shards, config):
