@@ -31,7 +31,6 @@ from typing import Any
 import click
 
 from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
-from preprocess.synth import SynthSpec, preset_spec
 
 NOISE_TINY = CONFIG_DIR / "noise_tiny.yaml"
 VARIANTS: dict[str, tuple[Path, list[str]]] = {
@@ -47,17 +46,13 @@ CONDITIONS = {"structured": 4, "no_structured": 0}
 """Dataset name -> --structured-noise-rank."""
 
 
-def dataset_spec(rank: int) -> SynthSpec:
-    """The realistic preset (seed 0, 5 sessions, ground truth kept) with `rank` structured components."""
-    return replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True)
-
-
 def make_dataset(work: Path, name: str, rank: int) -> tuple[Path, Path]:
-    """`dataset_spec(rank)` and its shards (the tiny recipe); reused when present."""
-    from preprocess.synth import read_spec, write_dataset
+    """The realistic preset (seed 0, 5 sessions, ground truth kept) and its shards; reused when
+    present (the slow learning tests train on the structured one)."""
+    from preprocess.synth import SynthSpec, preset_spec, read_spec, write_dataset
     from preprocess.writer import prepare_dataset
 
-    spec = dataset_spec(rank)
+    spec: SynthSpec = replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True)
     hdf5, shards = work / name / "hdf5", work / name / "shards"
     if read_spec(hdf5) != spec:
         shutil.rmtree(work / name, ignore_errors=True)

@@ -14,6 +14,7 @@ from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.model.registry import FAMILIES
 from b2t.report import main as report_main
 from b2t.train.backend import Backend, make_backend
 from b2t.train.loop import RunOptions, TrainingError, run_model, train
@@ -21,9 +22,7 @@ from b2t.train.metrics_log import TENSORBOARD_DIR
 from b2t.train.optim import make_optimizer
 from b2t.train.rng import CounterRng
 from b2t.train.step import Stepper
-from preprocess.synth import write_dataset
-from preprocess.writer import prepare_dataset
-from tools.compare_families import CONDITIONS, dataset_spec, run_settings
+from tools.compare_families import CONDITIONS, make_dataset, run_settings
 
 NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
 COMPILES_PER_BUCKET = 4
@@ -63,10 +62,8 @@ def test_openxla_compiles_each_bucket_once_then_never(tiny_dataset, tmp_path):
 @pytest.fixture(scope="module")
 def realistic_shards(tmp_path_factory):
     """tools/compare_families.py's structured dataset (b2t-synth --preset realistic), tiny recipe."""
-    root = tmp_path_factory.mktemp("realistic")
-    write_dataset(dataset_spec(CONDITIONS["structured"]), root / "hdf5")
-    prepare_dataset(root / "hdf5", root / "shards", load_config(TINY_CONFIG), workers=1, progress=False)
-    return root / "shards"
+    _, shards = make_dataset(tmp_path_factory.mktemp("realistic"), "structured", CONDITIONS["structured"])
+    return shards
 
 
 LEARNING_RUNS = {"gru": (600, 0.02), "noise_separating": (300, 0.16)}
@@ -93,6 +90,7 @@ def test_each_family_learns_on_realistic_data(realistic_shards, tmp_path, family
                                max_compiles=n_buckets * COMPILES_PER_BUCKET))
     if backend != "eager":
         _check_compiled_once(summary, tmp_path, n_buckets)
+    assert set(_records(tmp_path, "train")[-1]["losses"]) == set(FAMILIES[family].heads)
     per = _records(tmp_path, "val")[-1]["per"]
     print(f"{family} on {backend}: val PER {per:.3f} after {steps} steps")
     assert per < bound, f"slower learning than the measured seeds (bound {bound})"
