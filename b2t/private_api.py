@@ -33,7 +33,12 @@ the kernel `nn.GRU` calls, b2t.model.recurrence); `scan_no_grad`
 (`torch_xla.experimental.scan._scan_impl_pytree`: scan's loop without its autograd, whose
 saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence);
 `cpu_has_bf16_matmuls` (`torch.ops.mkldnn._is_mkldnn_bf16_supported`: whether oneDNN runs bf16
-on this CPU's vector units, b2t.train.backend).
+on this CPU's vector units, b2t.train.backend); `donate_buffer`, `buffer_donated`
+(`torch_xla._XLAC._set_buffer_donation`, `_get_buffer_donation`: a tensor's current buffer offered
+to the next graph that reads it, b2t.train.backend.Backend.donate); `sharding_constraint`
+(`torch.ops.xla.aot_mark_sharding`, the traceable op behind torch_xla's `mark_sharding_with_gradients`,
+given the mesh and spec as text so dynamo traces it, b2t.train.mesh); `is_placeholder`
+(`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.tpu.capture).
 """
 
 from __future__ import annotations
@@ -178,6 +183,47 @@ def warm_up_cache(roots: list[torch.Tensor]) -> None:
     torch_xla._XLAC._xla_warm_up_cache(roots, [])
 
 
+def donate_buffer(t: torch.Tensor) -> bool:
+    """Offer `t`'s current device buffer to the next graph a sync compiles: its outputs may be
+    written into it (XLA's buffer donor), and `t` must not be read through that buffer again. At a
+    step barrier torch_xla adds these to the donors it finds itself. False (and nothing offered)
+    where `t` holds no device buffer (a pending result, or data still on the host)."""
+    import torch_xla
+
+    return bool(torch_xla._XLAC._set_buffer_donation(t, True))
+
+
+def buffer_donated(t: torch.Tensor) -> bool:
+    """Whether `t`'s current device buffer is offered by `donate_buffer`."""
+    import torch_xla
+
+    return bool(torch_xla._XLAC._get_buffer_donation(t))
+
+
+class _ShardingConstraint(torch.autograd.Function):
+    """Annotate a tensor and its gradient with one sharding (text arguments: graph constants)."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
+        ctx.mesh, ctx.spec = mesh, spec
+        return torch.ops.xla.aot_mark_sharding(t, mesh, spec)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return torch.ops.xla.aot_mark_sharding(grad, ctx.mesh, ctx.spec), None, None
+
+
+def sharding_constraint(t: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
+    """`t` (a copy) annotated with the sharding `spec` over `mesh` (both as `str()` of torch_xla's
+    Mesh and partition-spec tuple), and its gradient with the same one; traceable by dynamo.
+
+    torch_xla's `mark_sharding_with_gradients` takes the Mesh object and formats it inside its
+    autograd function, where dynamo breaks the graph: the annotation then ran outside the compiled
+    graph on the device data it returned, and failed ("Existing annotation must be cleared first").
+    The op copies its input before annotating, so a pending tensor is what carries the annotation."""
+    return _ShardingConstraint.apply(t, mesh, spec)
+
+
 def device_data_ids(tensors: list[torch.Tensor]) -> list[int]:
     """torch_xla's id of each tensor's data: the id a graph's input node keeps after the tensor
     is updated in place (the tensor itself then gets a new id)."""
@@ -192,6 +238,13 @@ def graph_data_ids(roots: list[torch.Tensor]) -> list[int]:
 
     ids, _ = torch_xla._XLAC._get_tensors_xla_device_data_node(roots)
     return list(ids)
+
+
+def is_placeholder(t: torch.Tensor) -> bool:
+    """True when `t` is device data with no buffer behind it (`create_placeholder_tensor`)."""
+    import torch_xla
+
+    return bool(torch_xla._XLAC._is_placecholder(t))
 
 
 def has_pending_graph(t: torch.Tensor) -> bool:

@@ -44,7 +44,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "special-scalars",
         "A 0-dim host value of 0 or 1 uploaded to XLA is traced as a graph constant, so a later value makes a new graph.",
         "Per-step values and loss accumulators are uploaded (1,) tensors (b2t.train.backend.Backend.upload); "
-        "learning rates are (1,) tensors written in place (b2t.train.optim); for the XLA backends "
+        "learning rates are (1,) tensors uploaded each step (b2t.train.optim); for the XLA backends "
         "b2t.train.process.configure_process switches the handling off (b2t.private_api.scalars_as_device_data) "
         "for AdamW's 0-dim step counters and the loss gradient seed.",
         "tests/test_xla_workarounds.py::test_sentinel_zero_dim_zero_is_a_graph_constant",
@@ -72,16 +72,6 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "first call's buffer (wrong day-layer gradients from step 2).",
         "b2t.train.backend.spmd_openxla: openxla forward graphs, backward graphs traced lazily into the step.",
         "tests/train/test_parallel.py::test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has",
-    ),
-    Workaround(
-        "spmd-param-aliasing",
-        "Under SPMD with buffer aliasing on, which inputs XLA may donate depends on which graph last wrote the "
-        "weights, so a bucket revisited after another bucket's step compiles its step graph again.",
-        "b2t.train.process.configure_process sets XLA_ENABLE_PARAM_ALIASING=0 for SPMD unless the user set it "
-        "(the planner counts the copy).",
-        None,
-        "shown only by a multi-bucket SPMD training run; tests/train/test_parallel.py::"
-        "test_spmd_training_compiles_only_in_its_warm_up fails if it is dropped",
     ),
     Workaround(
         "spmd-async-trace",

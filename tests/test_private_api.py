@@ -17,9 +17,11 @@ from b2t.private_api import (
     aot_autograd,
     autograd_excluded,
     autograd_inside_op,
+    buffer_donated,
     ctc_alpha,
     ctc_alpha_backward,
     device_data_ids,
+    donate_buffer,
     graph_breaks,
     graph_data_ids,
     gru_layer,
@@ -133,6 +135,26 @@ def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_ids():
     warm_up_cache([w])
     assert met.metric_data("CompileTime")[0] == compiled + 1
     assert torch.equal(w.cpu(), torch.arange(6.0).reshape(2, 3) * 1.5)  # still computable after
+
+
+def test_a_donated_buffer_joins_the_step_barriers_own_donors_and_is_consumed():
+    """`donate_buffer` (b2t.train.backend.Backend.donate): at a sync the offered buffer is a donor
+    beside the one torch_xla finds itself (an in-place update), so both are aliased, and the
+    offered tensor's buffer is gone after the graph ran; a pending result cannot be offered."""
+    import torch_xla.debug.metrics as met
+
+    read, updated = (torch.full((4, 2), float(i)).to(DEVICE) for i in (1, 2))
+    torch_xla.sync()
+    assert donate_buffer(read) and buffer_donated(read)
+    assert not buffer_donated(updated)
+    total = read * 3
+    updated += 1
+    assert not donate_buffer(updated), "a pending result has no buffer to offer"
+    torch_xla.sync(wait=True)
+    assert met.metric_data("InputOutputAliasCount")[2][-1][1] == 2.0, "the offered buffer and the in-place one"
+    assert torch.equal(total.cpu(), torch.full((4, 2), 3.0)) and torch.equal(updated.cpu(), torch.full((4, 2), 3.0))
+    with pytest.raises(RuntimeError):
+        read.cpu()  # its buffer was donated to the graph
 
 
 def test_gru_layer_computes_the_gru_equations():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +30,7 @@ from torch import nn
 
 from b2t.config import XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, compute_dtype
-from b2t.private_api import aot_autograd, cpu_has_bf16_matmuls, openxla_eval_boxed
+from b2t.private_api import aot_autograd, cpu_has_bf16_matmuls, donate_buffer, openxla_eval_boxed
 from b2t.train.mesh import SpmdMesh
 from b2t.train.process import configure_process
 from b2t.train.rng import CounterRng, Rng, TorchRng
@@ -40,6 +40,12 @@ from b2t.train.rng import CounterRng, Rng, TorchRng
 class CompileStats:
     compilations: int  # XLA compilations so far (0 off XLA)
     fallbacks: dict[str, int]  # `aten::` counters: ops that ran on the host instead of the device
+    donors: tuple[int, ...] = ()  # per compiled graph, the input buffers its outputs may reuse (`Backend.donate`)
+
+    @property
+    def donated(self) -> int:
+        """The most buffers any of these graphs donates (a train step's: its training state)."""
+        return max(self.donors, default=0)
 
     def to_dict(self) -> dict:
         return {"compilations": self.compilations, "fallbacks": self.fallbacks}
@@ -48,7 +54,8 @@ class CompileStats:
         """What happened between `earlier` and these counts (fallbacks that did not grow left out)."""
         base = earlier.fallbacks
         return CompileStats(self.compilations - earlier.compilations,
-                            {k: n - base.get(k, 0) for k, n in self.fallbacks.items() if n > base.get(k, 0)})
+                            {k: n - base.get(k, 0) for k, n in self.fallbacks.items() if n > base.get(k, 0)},
+                            self.donors[len(earlier.donors):])
 
 
 @dataclass(frozen=True)
@@ -125,8 +132,12 @@ class Backend:
             # torch's own random kernels for the step's noise and dropout masks: inductor's
             # generated CPU RNG loop took about 70 of a tiny step's 170 ms (docs/benchmarks.md).
             return torch.compile(fn, backend="inductor", dynamic=False, options={"fallback_random": True})
-        backend = "openxla" if self.mesh is None else spmd_openxla()
-        return torch.compile(fn, backend=backend, dynamic=False)
+        return torch.compile(fn, backend=self.dynamo_backend(), dynamic=False)
+
+    def dynamo_backend(self) -> str | Callable:
+        """How openxla compiles dynamo's graphs: each through torch_xla's bridge; on a mesh the
+        backward graphs traced lazily into the step instead (`spmd_openxla`)."""
+        return "openxla" if self.mesh is None else spmd_openxla()
 
     def compute_dtype(self, name: str) -> torch.dtype:
         """`train.compute_dtype` `name` on this device: `auto` is bf16 on XLA and CUDA, and on
@@ -137,6 +148,23 @@ class Backend:
         """Compute in `dtype` around the forward (bf16 autocast; f32: none); master weights and
         optimizer state stay f32 either way."""
         return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE, enabled=dtype != torch.float32)
+
+    def donate(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Offer each tensor's device buffer to the graph the next sync runs (XLA; elsewhere a
+        no-op): a step's new weights, gradients and AdamW state are then written into the buffers
+        they replace, so the training state exists once in device memory, not twice. Returns how
+        many were offered (a tensor without a device buffer, pending or on the host, is not).
+
+        Why every step, explicitly: at a step barrier torch_xla donates only the inputs it can
+        trace to an in-place update, and under SPMD that trace depends on which graph last wrote
+        each tensor (measured, tiny config on a 2 x 2 mesh: 52, 55 or 65 of its 65 state tensors).
+        The donors are part of a graph's hash, so a bucket revisited after another bucket's step
+        compiled its step again. The same tensors offered every step give the same donors and
+        hash, whatever ran before.
+        """
+        if not self.xla:
+            return 0
+        return sum(donate_buffer(t) for t in tensors)
 
     def sync(self) -> None:
         """Cut the lazy XLA graph here and run it (a no-op off XLA).
@@ -180,9 +208,11 @@ def _xla_counts() -> CompileStats:
     import torch_xla.debug.metrics as met
 
     data = met.metric_data("CompileTime")
+    aliased = met.metric_data("InputOutputAliasCount")  # one sample per compiled graph
     return CompileStats(
         compilations=int(data[0]) if data else 0,
         fallbacks={n: int(met.counter_value(n)) for n in met.counter_names() if n.startswith("aten::")},
+        donors=tuple(int(v) for _, v in aliased[2]) if aliased else (),
     )
 
 

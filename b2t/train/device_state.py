@@ -35,6 +35,7 @@ def start_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, bac
                     "exp_avg": backend.zeros(p),
                     "exp_avg_sq": backend.zeros(p),
                 }
+    backend.sync()  # device buffers now: the first step donates them as every later step does (Backend.donate)
 
 
 @contextlib.contextmanager

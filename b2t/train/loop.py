@@ -252,7 +252,8 @@ def warm_up(run: Run, opts: RunOptions) -> CompileStats:
     warmup.warm_up(run.stepper, run.manifest.buckets, report)
     report("")
     warm = run.backend.stats()
-    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), **warm.to_dict())
+    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), **warm.to_dict(),
+                  donated=warm.donated, training_state=len(run.stepper.training_state()))
     run.bar.set_description_str("training")
     return warm
 

@@ -16,10 +16,9 @@ Still one graph per bucket. The annotations stay on the tensors through in-place
 (backward accumulation, AdamW, checkpoint loads), and a checkpoint reads every sharded
 tensor back whole (`.cpu()` assembles the shards), so files do not depend on the mesh.
 
-torch_xla 2.9 behaviours this module works around are listed in `b2t.xla_workarounds`
-(`spmd-*` entries): `enable_spmd` turns parameter aliasing off before the runtime starts
-(`process.configure_process`), and the backend waits for each step and compiles openxla's
-backward lazily under a mesh.
+torch_xla 2.9 behaviours worked around under SPMD are listed in `b2t.xla_workarounds` (`spmd-*`
+entries): the backend waits for each step and compiles openxla's backward lazily under a mesh.
+Every step donates its training state's buffers (`Backend.donate`), on a mesh as on one device.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from torch import nn
 
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
-from b2t.private_api import local_shard_indices, local_shards, sharding_spec
+from b2t.private_api import local_shard_indices, local_shards, sharding_constraint, sharding_spec
 from b2t.train.devices import xla_rank_world
 from b2t.train.process import configure_process
 
@@ -108,6 +107,7 @@ class SpmdMesh:
         self.data, self.fsdp = data, fsdp
         self.n_devices = data * fsdp
         self.mesh = xs.Mesh(np.arange(self.n_devices), (data, fsdp), (DATA_AXIS, FSDP_AXIS))
+        self._mesh_text = str(self.mesh)  # how torch_xla's traceable annotation op takes a mesh
 
     def axes(self) -> dict[str, int]:
         """Axis name -> size, as recorded in checkpoints and metrics."""
@@ -142,13 +142,12 @@ class SpmdMesh:
 
     def split_activations(self, model: nn.Module) -> None:
         """fsdp: every day layer's and GRU stack's output, and its gradient, annotated to stay split
-        by rows over both axes (torch_xla's `mark_sharding_with_gradients`, as its FSDPv2 does).
+        by rows over both axes (as torch_xla's FSDPv2 does with `mark_sharding_with_gradients`), on
+        both XLA backends.
 
         Without it GSPMD met row-split activations and fsdp-split weights at each matmul and
-        replicated activations ("Involuntary full rematerialization"): the TPU compiler gave the
-        687M model at B=64, T=2498 on v5e-8 a temp of 14.4 GiB per chip under data=2,fsdp=4
-        against 2.5 GiB under data=8 (7.8 GiB with the annotations). The `xla` backend only, see
-        `_split_rows`. Registered once per module (a resumed stepper asks again).
+        replicated activations ("Involuntary full rematerialization", docs/tpu.md). Registered
+        once per module (a resumed stepper asks again).
         """
         if self.fsdp == 1:
             return
@@ -159,13 +158,9 @@ class SpmdMesh:
                 module._rows_split_hook = module.register_forward_hook(self._split_rows)
 
     def _split_rows(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-        """Not under torch.compile (the openxla backend): there torch_xla's annotation op failed
-        ("Existing annotation must be cleared first"), so openxla keeps GSPMD's own choice."""
-        if torch.compiler.is_compiling():
-            return output
-        import torch_xla.distributed.spmd as xs
-
-        return xs.mark_sharding_with_gradients(output, self.mesh, self.spec(output))
+        """`output` and its gradient constrained to the batch's row split, inside the compiled
+        graph under openxla as in the lazy one (`private_api.sharding_constraint`)."""
+        return sharding_constraint(output, self._mesh_text, str(self.spec(output)))
 
     def weight_state(self, model: nn.Module,
                      optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[torch.Tensor, tuple]]:

@@ -5,14 +5,17 @@ Groups (as the public baseline): the day layers (the parameters of every
 decay; biases (GRU and output) get no weight decay; every other parameter, `h0` included
 (the reference decays it too), gets `weight_decay`.
 
-Learning rates are tensors on the parameters' device, written in place each step, with
+Learning rates are tensors on the parameters' device, a new upload each step, with
 `capturable=True` on XLA and CUDA so Adam's bias corrections also stay on the device.
 Why: under lazy XLA tracing a Python float becomes device data, except values that round
 to 0 or +-1 in float32, which torch_xla bakes into the graph as constants. A float lr
 therefore recompiles the step when the warm-up starts at lr 0, while `1 - lr * wd` rounds
 to 1 early in the warm-up, and when Adam's host-side bias correction `sqrt(1 - beta2**t)`
 rounds to 1 (t about 16,600 for beta2 0.999). A tensor copied in from the host is always
-device data, whatever its value, so the step compiles once.
+device data, whatever its value, so the step compiles once. A new tensor, not one written in
+place: under SPMD torch_xla then took a written-in-place lr for a buffer the step could reuse in
+some steps and not in others, and the donated buffers are part of the graph's hash
+(`b2t.train.backend.Backend.donate`).
 """
 
 from __future__ import annotations
@@ -114,9 +117,8 @@ def lr_at(step: int, peak: float, floor: float, warmup: int, decay_end: int) -> 
 def set_lrs(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig) -> dict[str, float]:
     """Write step `step`'s learning rates into every group; returns them by group name.
 
-    Copies a host value into each group's lr tensor (device data on XLA: no recompilation).
-    A group whose lr is not yet such a tensor (for example after `load_state_dict` from a
-    file that stored floats) gets a new one on its parameters' device.
+    Each group's lr becomes a (1,) tensor copied from the host to its parameters' device
+    (device data on XLA, whatever the value: no recompilation; see the module docstring).
     """
     main = lr_at(step, cfg.lr, cfg.lr_min, cfg.warmup_steps, cfg.decay_steps)
     day = lr_at(step, cfg.lr_day, cfg.lr_day_min, cfg.warmup_steps, cfg.decay_steps)
@@ -127,11 +129,6 @@ def set_lrs(optimizer: torch.optim.Optimizer, step: int, cfg: OptimConfig) -> di
         # Capturable AdamW divides by lr: at exactly 0 (the warm-up's first step) a weight
         # whose gradient and moments are 0 (a day absent so far) becomes 0/0 = NaN.
         host = torch.tensor([max(value, _LR_EPSILON)], dtype=torch.float32, device="cpu")
-        device = g["params"][0].device
-        lr = g.get("lr")
-        if isinstance(lr, torch.Tensor) and lr.device == device and lr.shape == (1,):
-            lr.copy_(host)
-        else:
-            g["lr"] = host.to(device)
+        g["lr"] = host.to(g["params"][0].device)
         applied[name] = value
     return applied

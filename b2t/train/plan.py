@@ -7,10 +7,10 @@ fsdp > 1, sharded over `fsdp` of them as `b2t.train.mesh.shard_dim` splits them)
 
   static       f32 weights, f32 gradients, AdamW's two f32 moments (each 1/fsdp of every
                tensor that splits evenly, the rest whole), the bf16 weight copies autocast
-               makes for the matmuls (whole: under fsdp they are the gathered weights), under
-               SPMD one more copy of weights and moments (XLA buffer aliasing is off there, see
-               `b2t.xla_workarounds`), and under fsdp a gather workspace: the largest tensor's
-               f32 weight and gradient whole (before its reduce-scatter), twice;
+               makes for the matmuls (whole: under fsdp they are the gathered weights), and
+               under fsdp a gather workspace: the largest tensor's f32 weight and gradient whole
+               (before its reduce-scatter), twice (the step's new state is written into the
+               buffers it replaces, `b2t.train.backend.Backend.donate`, so it is not counted twice);
   activations  of one micro-batch of `rows` rows in a bucket of T bins (P patches), per
                the dtype policy in `b2t.contract` (bf16 compute, f32 GRU state and CTC),
                for any model family (its day layers, GRU stacks and linear layers are read
@@ -147,8 +147,6 @@ def static_bytes(weights: Weights, cfg: ModelConfig, spmd: bool) -> dict[str, in
         "AdamW moments (f32)": 2 * share * F32,
         "bf16 weight copies": model_shape(cfg).matmul_weights * BF16,
     }
-    if spmd:
-        parts["update copies (SPMD, no aliasing)"] = 3 * share * F32
     if weights.fsdp > 1:
         parts["gather workspace (fsdp)"] = 2 * 2 * weights.largest * F32
     return parts

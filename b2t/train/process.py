@@ -9,8 +9,6 @@ for the whole suite, so that no test depends on which test made them first.
 
 from __future__ import annotations
 
-import os
-
 from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.private_api import raise_recompile_limit, scalars_as_device_data
 from b2t.train.devices import select_pjrt_device
@@ -33,9 +31,6 @@ def configure_process(backend_name: str, spmd: bool = False) -> None:
       (`private_api.scalars_as_device_data`): AdamW's zero step counters, a snapshot restore
       and the loss gradient seed would each trace graphs no later step reuses
       (`b2t.xla_workarounds`: special-scalars).
-    - SPMD: XLA_ENABLE_PARAM_ALIASING=0 unless the user set it, before the runtime starts:
-      with aliasing on, a bucket revisited after another bucket's step compiles its step graph
-      again (`b2t.xla_workarounds`: spmd-param-aliasing).
     - SPMD: torch_xla's `use_spmd()`, before the first XLA computation: the process sees
       the mesh's devices as one.
 
@@ -51,8 +46,6 @@ def configure_process(backend_name: str, spmd: bool = False) -> None:
     if backend_name not in XLA_BACKENDS:
         return
     select_pjrt_device()
-    if spmd:
-        os.environ.setdefault("XLA_ENABLE_PARAM_ALIASING", "0")
     scalars_as_device_data()
     if spmd:
         import torch_xla.runtime as xr

@@ -129,8 +129,13 @@ class Stepper:
         return objective.detach(), {name: loss.detach() for name, loss in losses.items()}
 
     def update(self, step: int) -> Tensor:
-        """Clip, set this step's learning rates, apply AdamW, clear gradients; returns the grad norm."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        """Clip, set this step's learning rates, apply AdamW, clear gradients; returns the grad norm.
+
+        The weights and AdamW's state are donated here (`Backend.donate`), after every forward
+        and backward of the step: openxla compiles its forward and backward graphs with whatever
+        donors their inputs carry, and the weights are their inputs."""
+        params = self._trained()
+        self.backend.donate(self._weights_and_moments())
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         set_lrs(self.optimizer, step, self.cfg.optim)
@@ -145,6 +150,7 @@ class Stepper:
         (`no_sync` around the others): the sum is the same, the traffic 1/grad_accum.
         """
         no_sync = getattr(self.forward, "no_sync", contextlib.nullcontext)
+        self.backend.donate(p.grad for p in self._trained())  # read by this step's sync alone
         objectives, micro = [], []
         for i, batch in enumerate(batches):
             with no_sync() if i < len(batches) - 1 else contextlib.nullcontext():
@@ -158,6 +164,18 @@ class Stepper:
             self._loss_totals[name] = self._loss_totals[name] + value
         self.backend.sync()
         return loss, norm
+
+    def _trained(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.grad is not None]
+
+    def _weights_and_moments(self) -> list[Tensor]:
+        params = self._trained()
+        return [*params, *(t for p in params for t in self.optimizer.state[p].values() if isinstance(t, Tensor))]
+
+    def training_state(self) -> list[Tensor]:
+        """Every tensor a train step overwrites, and donates (`Backend.donate`): the gradients,
+        the weights that have one and their AdamW state (moments, step counts)."""
+        return [*(p.grad for p in self._trained()), *self._weights_and_moments()]
 
     def take_losses(self) -> dict[str, float]:
         """Sums of step losses since the last call (`TOTAL` and each head's): the deliberate

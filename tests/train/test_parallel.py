@@ -215,7 +215,9 @@ def test_the_noise_separating_family_trains_under_fsdp_like_one_device(hdf5, tmp
     pytest.param("openxla", ("--mesh", "data=2,fsdp=2"), marks=pytest.mark.slow)])
 def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mesh):
     """The CLI on 4 devices: 8 steps over 2 buckets, validation twice, a checkpoint, nothing compiled
-    after the warm-up. (Before `Backend.sync` waited under SPMD, such runs crashed within a few steps.)"""
+    after the warm-up, and the step donating every buffer of its training state (`Backend.donate`:
+    with torch_xla's own donors alone the revisited bucket compiled again, so aliasing was off under
+    SPMD). (Before `Backend.sync` waited under SPMD, such runs crashed within a few steps.)"""
     shards = _prepare(hdf5, tmp_path / "shards", "data.n_buckets=2")  # 2 buckets: each compile is revisited
     run = tmp_path / "run"
     result = subprocess.run(
@@ -237,6 +239,8 @@ def test_spmd_training_compiles_only_in_its_warm_up(hdf5, tmp_path, backend, mes
     if backend == "xla":
         assert warm <= 3 * summary["buckets"], "per bucket a train and an eval graph, plus the warm-up's own two"
     assert len([r for r in records if r["kind"] == "val"]) == 2
+    compile_record = next(r for r in records if r["kind"] == "compile")
+    assert compile_record["donated"] == compile_record["training_state"] > 0, "every state buffer donated"
 
 
 @pytest.mark.slow  # the default run's DDP check: test_ddp_all_reduces_once_per_optimizer_step
