@@ -1,5 +1,6 @@
 """The TPU compiler's figures for docs/tpu.md: planner against compiler, the 687M question,
-compile time per bucket, the roofline, and how the cost analysis counts a while-loop.
+compile time per bucket, each chip's share of the work, the roofline, and how the cost analysis
+counts a while-loop.
 
 Each case traces one graph of the trainer (b2t.tpu.capture) and compiles it with libtpu for
 a target, in a fresh process (the trace fixes its CPU device count at start-up), and prints
@@ -8,10 +9,11 @@ a 2-core machine, so every case's rows are kept in `--results` (JSON lines) and 
 already there is not compiled again: the tables share cases, and an interrupted run resumes.
 
     python tools/tpu_figures.py calibration      # tiny / baseline / noise687m, 1 and 8 chips
-    python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback
+    python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback, both backends
+    python tools/tpu_figures.py share            # per-chip FLOPs on 8 chips against the one-chip step's / 8
+    python tools/tpu_figures.py guard            # fails when the 687M data=2,fsdp=4 step outgrows docs/tpu.md
     python tools/tpu_figures.py compile-times    # every bucket of baseline (v5e-1) and noise687m (v5e-8)
     python tools/tpu_figures.py loop-count       # cost analysis vs analytic FLOPs of a recurrence-heavy GRU
-    python tools/tpu_figures.py roofline         # step-time bounds of the question's train steps (after question)
     python tools/tpu_figures.py targets          # the tiny step on every slice, v5e-64 (16 hosts) included
 """
 
@@ -54,8 +56,10 @@ def main(results: Path) -> None:
 @click.option("--kinds", default="train")
 @click.option("--set", "overrides", multiple=True)
 @click.option("--days", default=45)
-def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides: tuple[str, ...], days: int) -> None:
-    """One traced and compiled graph per kind, as a JSON line each."""
+@click.option("--backend", default="", help="openxla or xla (default: the config's train.backend)")
+def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides: tuple[str, ...], days: int,
+         backend: str) -> None:
+    """One traced and compiled step per kind, as a JSON line each."""
     from b2t.config import load_config
     from b2t.contract import BucketShape
     from b2t.tpu.capture import prepare_process, trace_backend
@@ -65,22 +69,25 @@ def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides:
 
     t = parse_target(target)
     mesh_cfg = parse_devices(None, mesh) if mesh else None
-    sets = (*overrides, *((f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}") if mesh_cfg else ()))
+    sets = (*overrides, *((f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}") if mesh_cfg else ()),
+            *((f"train.backend={backend}",) if backend else ()))
     cfg = load_config(REPO / config, sets)
     T, B, L = (int(x) for x in shape.split(","))
     with tempfile.TemporaryDirectory() as tmp:
         prepare_process(t.chips, Path(tmp))
-        backend = trace_backend(mesh_cfg)
+        tracer = trace_backend(mesh_cfg, cfg.train.backend)
         for kind in kinds.split(","):
             t0 = time.perf_counter()
-            r = check_graph(t, cfg, days, backend, kind, BucketShape(T=T, B=B, L=L), Path(tmp), lambda _: None)
+            r = check_graph(t, cfg, days, tracer, kind, BucketShape(T=T, B=B, L=L), Path(tmp), lambda _: None)
             c, m = r.compiled, r.compiled.memory
             print(json.dumps({
-                "config": config, "target": target, "mesh": mesh or "one chip", "kind": kind, "T": T, "B": B,
-                "grad_accum": cfg.train.grad_accum, "fits": c.fits, "refusal": c.refusal,
-                "memory": None if m is None else {**m.__dict__, "total": m.total},
-                "planned": r.planned, "compile_s": c.seconds, "trace_s": r.graph.trace_s,
+                "config": config, "target": target, "mesh": mesh or "one chip", "backend": cfg.train.backend,
+                "kind": kind, "T": T, "B": B, "grad_accum": cfg.train.grad_accum, "fits": c.fits,
+                "refusal": c.refusal or c.tight, "memory": None if m is None else {**m.__dict__, "total": m.total},
+                "planned": r.planned, "compile_s": c.seconds, "trace_s": r.graph.trace_s * max(len(r.parts), 1),
                 "wall_s": time.perf_counter() - t0, "flops": c.flops, "bytes": c.bytes_accessed,
+                "parts": [{"part": g.part, **({**p.memory.__dict__, "total": p.memory.total} if p.memory else {}),
+                           "compile_s": p.seconds} for g, p in r.parts],
                 "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
             }), flush=True)
 
@@ -112,14 +119,15 @@ def _run(*args: str) -> list[dict]:
 def _verdict(r: dict) -> dict:
     """The row with b2t.tpu.compiler's current verdict (a row kept from an earlier version of it
     may say `fits` for a graph the compiler accepted but the chip cannot hold)."""
-    from b2t.tpu.compiler import Memory, over_hbm
+    from b2t.tpu.compiler import Compiled, Memory, over_hbm, short_of_headroom
     from b2t.tpu.targets import parse_target
 
     if r["memory"]:
         m = r["memory"]
-        refusal = over_hbm(Memory(m["arguments"], m["outputs"], m["aliased"], m["temp"], m["code"]),
-                           parse_target(r["target"]).chip.hbm)
-        r = {**r, "fits": not refusal, "refusal": refusal}
+        memory = Memory(m["arguments"], m["outputs"], m["aliased"], m["temp"], m["code"], m.get("resident", 0))
+        hbm = parse_target(r["target"]).chip.hbm
+        c = Compiled(r["compile_s"], memory, refusal=over_hbm(memory, hbm), tight=short_of_headroom(memory, hbm))
+        r = {**r, "fits": c.fits, "refusal": c.refusal or c.tight}
     return r
 
 
@@ -133,6 +141,37 @@ def _compiler_total(r: dict) -> float | None:
 
 def _gib(n: float | None) -> str:
     return "-" if n is None else f"{n / 1024**3:.2f}"
+
+
+GUARD_DOC = REPO / "docs" / "tpu.md"
+GUARD_CASE = ("--config", "configs/noise687m.yaml", "--target", "v5e-8", "--mesh", "data=2,fsdp=4", "--shape", LONGEST)
+GUARD_TOLERANCE = 0.05
+"""How far the guarded step's per-chip total may exceed the figure docs/tpu.md states."""
+
+
+def guarded_figure(doc: Path = GUARD_DOC) -> float:
+    """The GiB per chip docs/tpu.md promises for the guarded step (its 'Guarded figure' line)."""
+    m = re.search(r"Guarded figure[^\n]*?: \*\*([\d.]+) GiB per chip\*\*", doc.read_text())
+    if m is None:
+        raise click.ClickException(f"{doc} states no 'Guarded figure ...: **N GiB per chip**' line")
+    return float(m.group(1))
+
+
+@main.command()
+def guard() -> None:
+    """Compile the 687M model's train step (data=2,fsdp=4, B=64, T=2498, the config's backend) in a
+    fresh process and fail when its per-chip total exceeds docs/tpu.md's figure by more than 5%."""
+    promised = guarded_figure()
+    global RESULTS
+    RESULTS = None  # always compiled again: the guard is about the code as it is now
+    rows = _run(*GUARD_CASE)
+    if not rows:
+        raise click.ClickException("the guarded case did not compile (see above)")
+    total = _compiler_total(rows[0]) / 1024**3
+    verdict = f"guarded step: {total:.2f} GiB per chip, docs/tpu.md states {promised:.2f} (limit +{GUARD_TOLERANCE:.0%})"
+    if total > promised * (1 + GUARD_TOLERANCE):
+        raise click.ClickException(f"{verdict}: it grew; find the change, or re-measure and update docs/tpu.md")
+    click.echo(f"{verdict}: ok")
 
 
 @main.command()
@@ -150,51 +189,73 @@ def calibration() -> None:
                   f"{'fits' if r['fits'] else r['refusal']} |", flush=True)
 
 
-@main.command()
-def question() -> None:
-    """noise687m at batch 64 in the longest bucket on v5e-8, and the original fallback."""
-    print("| run | mesh | args | out | alias | temp | code | total GiB per chip | verdict | compile s | peak host RAM GiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    cases = [("B=64", m, LONGEST, ()) for m in ("data=2,fsdp=4", "data=8", "fsdp=8")]
-    cases.append(("B=32, grad_accum 2", "data=8", "2498,32,88", ("train.grad_accum=2",)))
-    cases.append(("baseline 44M, B=64 (v5e-1)", "", LONGEST, ()))
-    for name, mesh, shape, sets in cases:
-        config, target = ("configs/baseline.yaml", "v5e-1") if "baseline" in name else ("configs/noise687m.yaml", "v5e-8")
-        args = ["--config", config, "--target", target, "--mesh", mesh, "--shape", shape]
-        for s in sets:
-            args += ["--set", s]
-        for r in _run(*args):
-            m = r["memory"] or {}
-            print(f"| {name} | {r['mesh']} | {_gib(m.get('arguments'))} | {_gib(m.get('outputs'))} | "
-                  f"{_gib(m.get('aliased'))} | {_gib(m.get('temp'))} | {_gib(m.get('code'))} | {_gib(m.get('total'))} | "
-                  f"{'fits' if r['fits'] else r['refusal']} | {r['compile_s']:.0f} | {r['peak_rss_gib']:.1f} |",
-                  flush=True)
-
-
-@main.command()
-def roofline() -> None:
-    """The roofline of the question's train steps (cases kept by `question`): FLOPs = cost
-    analysis + the GRU loops' uncounted trips (b2t.tpu.check.loop_flops), bytes = cost analysis."""
+def _bound(r: dict) -> tuple[float, float, float, str]:
+    """A train row's per-chip FLOPs (cost analysis + the GRU loops' uncounted trips,
+    b2t.tpu.check.loop_flops), its bytes, and the roofline's ms per step and what bounds it."""
     from b2t.config import load_config
     from b2t.contract import BucketShape
     from b2t.tpu.check import loop_flops
     from b2t.tpu.targets import parse_target
 
-    print("| config | target | mesh | batch | TFLOP per chip | GB moved per chip | >= ms/step | <= steps/s | bound by |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    kept = [json.loads(line)["row"] for line in RESULTS.read_text().splitlines() if line.strip()] if RESULTS.exists() else []
-    for r in kept:
-        if r["kind"] != "train" or r["T"] != int(LONGEST.split(",")[0]) or "tiny" in r["config"] or not r["memory"]:
-            continue
-        target = parse_target(r["target"])
-        cfg = load_config(REPO / r["config"], (f"train.grad_accum={r['grad_accum']}",))
-        flops = r["flops"] + r["grad_accum"] * loop_flops(cfg, BucketShape(T=r["T"], B=r["B"], L=88), r["B"] // target.chips)
-        compute, memory = flops / target.chip.peak_bf16, r["bytes"] / target.chip.hbm_bandwidth
-        seconds = max(compute, memory)
-        batch = f"B={r['B']}" + (f" x {r['grad_accum']}" if r["grad_accum"] > 1 else "")
-        print(f"| {Path(r['config']).stem} | {r['target']} | {r['mesh']} | {batch} | {flops / 1e12:.1f} | "
-              f"{r['bytes'] / 1e9:.0f} | {seconds * 1e3:.0f} | {1 / seconds:.2f} | "
-              f"{'compute' if compute > memory else 'HBM bandwidth'} |")
+    target = parse_target(r["target"])
+    cfg = load_config(REPO / r["config"], (f"train.grad_accum={r['grad_accum']}",))
+    flops = r["flops"] + r["grad_accum"] * loop_flops(cfg, BucketShape(T=r["T"], B=r["B"], L=88),
+                                                     max(r["B"] // target.chips, 1))
+    compute, memory = flops / target.chip.peak_bf16, r["bytes"] / target.chip.hbm_bandwidth
+    return flops, r["bytes"], max(compute, memory) * 1e3, "compute" if compute > memory else "HBM bandwidth"
+
+
+QUESTION = (("B=64", "data=8", LONGEST, ()), ("B=64", "data=2,fsdp=4", LONGEST, ()), ("B=64", "fsdp=8", LONGEST, ()),
+            ("B=32 x grad_accum 2", "data=8", "2498,32,88", ("train.grad_accum=2",)))
+
+
+@main.command()
+def question() -> None:
+    """noise687m at batch 64 in the longest bucket on v5e-8 (the original layout data=8, two fsdp
+    meshes, and the original fallback B=32 x 2), both backends: memory per chip, verdict, FLOPs,
+    bytes, roofline and compile seconds."""
+    print("| backend | run | mesh | args | out | alias | temp | live | code | total GiB per chip | verdict | TFLOP per chip "
+          "| GB moved | >= ms/step | <= steps/s | bound by | compile s | peak host RAM GiB |")
+    print("|" + "---|" * 18)
+    for backend in ("openxla", "xla"):
+        for name, mesh, shape, sets in QUESTION:
+            args = ["--config", "configs/noise687m.yaml", "--target", "v5e-8", "--mesh", mesh, "--shape", shape,
+                    "--backend", backend]
+            for s in sets:
+                args += ["--set", s]
+            for r in _run(*args):
+                m = r["memory"] or {}
+                flops, moved, ms, bound = _bound(r) if r["memory"] else (0, 0, 0, "-")
+                print(f"| {backend} | {name} | {r['mesh']} | {_gib(m.get('arguments'))} | {_gib(m.get('outputs'))} | "
+                      f"{_gib(m.get('aliased'))} | {_gib(m.get('temp'))} | {_gib(m.get('resident'))} | "
+                      f"{_gib(m.get('code'))} | {_gib(m.get('total'))} | {'fits' if r['fits'] else r['refusal']} | "
+                      f"{flops / 1e12:.1f} | {moved / 1e9:.0f} | {ms:.0f} | {1e3 / ms if ms else 0:.2f} | {bound} | "
+                      f"{r['compile_s']:.0f} | {r['peak_rss_gib']:.1f} |", flush=True)
+
+
+@main.command()
+def share() -> None:
+    """Does each chip do only its share? Per-chip train FLOPs (loop trips included) on v5e-8
+    meshes against the one-chip step's / 8, longest bucket at B=64, both backends. The 687M
+    model does not fit one chip at B=64, so its reference is one chip at B=8 (its per-row work
+    is the whole step's / 8; the update, per weight, is counted whole on every data-parallel chip)."""
+    print("| config | backend | mesh | TFLOP per chip | one chip's / 8 | ratio |")
+    print("|---|---|---|---|---|---|")
+    for config in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml"):
+        for backend in ("openxla", "xla"):
+            big = "noise687m" in config
+            one = _run("--config", config, "--target", "v5e-1", "--mesh", "", "--shape",
+                       "2498,8,88" if big else LONGEST, "--backend", backend)
+            if not one or not one[0]["memory"]:
+                print(f"| {Path(config).stem} | {backend} | - | - | - | the one-chip reference did not compile |")
+                continue
+            reference = _bound(one[0])[0] / (1 if big else 8)
+            for mesh in MESHES_8:
+                for r in _run("--config", config, "--target", "v5e-8", "--mesh", mesh, "--shape", LONGEST,
+                              "--backend", backend):
+                    flops = _bound(r)[0] if r["memory"] else float("nan")
+                    print(f"| {Path(config).stem} | {backend} | {mesh} | {flops / 1e12:.3f} | {reference / 1e12:.3f} | "
+                          f"{flops / reference:.2f} |", flush=True)
 
 
 @main.command("compile-times")

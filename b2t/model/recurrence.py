@@ -170,12 +170,15 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     # rows batch-first, as the input lies: the input (D = 7168 wide at the first layer) is never
     # transposed, and its gradient comes out (B, P, D) contiguous; only the 3H-wide gates move
     d_gates_x = d_gates_x.transpose(0, 1).reshape(B * P, 3 * H)
-    d_gates_h = d_gates_h.reshape(P * B, 3 * H)
+    d_gates_h = d_gates_h.reshape(P, B, 3 * H)
     with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
         d_w_ih = (d_gates_x.T @ inp.reshape(B * P, -1)).to(acc)
         d_in = (d_gates_x @ w_ih).to(inp.dtype).reshape(B, P, -1)  # the first layer's stays in x's dtype
-    d_w_hh = d_gates_h.T @ h_prev.reshape(P * B, H)
-    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum(0)]
+    # summed over steps and rows as two dims, not one merged (P * B) dim: rows split over a mesh
+    # are the minor part of a merged dim, which GSPMD cannot keep split, so it gathered every row
+    # and each chip ran the whole product (8x its share on 8 chips, the TPU compiler's cost analysis)
+    d_w_hh = torch.einsum("pbg,pbh->gh", d_gates_h, h_prev)
+    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum((0, 1))]
 
 
 def _walk_loop(d_y: torch.Tensor, coef: torch.Tensor, z: torch.Tensor, w_hh: torch.Tensor

@@ -1,11 +1,15 @@
 """Trace the trainer's own graphs for a TPU target on the XLA CPU device, running none of them.
 
-Why here: the TPU compiler (libtpu) judges memory and compile time from the HLO module a run
-would send it, and that module is what the trainer's step traces, not a model of it. So the
-trace uses the run's pieces: the config's model family, `Stepper.train_step` (forward, CTC,
-backward, clip, AdamW, loss totals: one lazy graph per bucket, as `--backend xla` runs it)
-and `Stepper.eval_step`, at every bucket's shape, on as many virtual CPU devices as the
-target has chips, batches placed over the run's mesh and weights sharded as `SpmdMesh` does.
+Why here: the TPU compiler (libtpu) judges memory and compile time from the HLO modules a run
+would send it, and those are what the trainer's step traces, not a model of it. So the trace
+uses the run's pieces: the config's model family, `Stepper.train_step` and `Stepper.eval_step`
+at every bucket's shape, on as many virtual CPU devices as the target has chips, batches
+placed over the run's mesh and weights sharded as `SpmdMesh` does, under the run's backend:
+- `xla`: the whole step (forward, CTC, backward, clip, AdamW, loss totals) is one lazy graph;
+- `openxla`: dynamo's forward graph and (off a mesh) its backward graph are each one module,
+  cut where torch_xla's bridge would compile and run it (`TraceBackend.dynamo_backend`), and
+  what stays lazy (the update; on a mesh the backward too) is one more. The modules hand each
+  other placeholders, so each is compiled on its own, as the bridge compiles them.
 
 What differs from a run, and why it does not change the graph:
 - weights, gradients and AdamW moments are placeholders (XLA tensors with no buffer), so a
@@ -15,9 +19,9 @@ What differs from a run, and why it does not change the graph:
 - each graph is compiled for the CPU by `_xla_warm_up_cache` (the path torch_xla's own
   dynamo bridge takes), which never executes it; XLA's dump (`--xla_dump_to`) writes the
   module it was given, before any CPU optimisation, and that module is what this returns;
-- that path does not donate buffers, so the donors a one-device run's sync would pass
-  (every state tensor the step overwrites; none under SPMD, where the trainer turns
-  parameter aliasing off) are recorded here and re-attached before the TPU compile.
+- that path does not donate buffers, so the donors a run's step passes (its training state,
+  `Stepper.training_state`, which every step donates: `Backend.donate`) are recorded here and
+  re-attached before the TPU compile.
 
 Shape legend: B rows, T bins, L label slots of a bucket.
 """
@@ -35,7 +39,7 @@ from torch import nn
 from b2t.config import Config, MeshConfig
 from b2t.contract import Batch, BucketShape, empty_batch
 from b2t.model.registry import build_model
-from b2t.private_api import device_data_ids, graph_data_ids, has_pending_graph, warm_up_cache
+from b2t.private_api import device_data_ids, graph_data_ids, has_pending_graph, is_placeholder, warm_up_cache
 from b2t.train.backend import Backend
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
@@ -49,7 +53,8 @@ class CaptureError(RuntimeError):
 
 @dataclass(frozen=True)
 class Graph:
-    """One traced graph: its HloModuleProto and the parameters the trainer donates."""
+    """One traced module of a step: its HloModuleProto, the parameters the trainer donates, the
+    parameters that are outputs of the step's earlier modules, and the training state beside it."""
 
     kind: str  # "train" or "eval"
     bucket: BucketShape
@@ -57,6 +62,9 @@ class Graph:
     hlo: bytes  # serialized xla.HloModuleProto
     donors: tuple[int, ...]  # parameter numbers whose buffers the step may reuse for its outputs
     trace_s: float  # tracing plus the XLA CPU compile that writes the dump
+    part: str = "step"  # the whole step (xla), or openxla's "forward", "backward", "update", "backward+update"
+    inputs_from: tuple[tuple[int, int, int], ...] = ()  # (parameter, earlier module, its output) per handed-on tensor
+    resident: int = 0  # bytes per chip of training state alive during this module but not its argument
 
 
 def prepare_process(chips: int, dump_dir: Path) -> None:
@@ -80,14 +88,69 @@ def prepare_process(chips: int, dump_dir: Path) -> None:
 
 
 @dataclass(frozen=True)
+class Cut:
+    """One openxla dynamo graph, traced lazily: its outputs, and the placeholders the trace handed
+    on in their place (what the bridge's run would return)."""
+
+    roots: list[torch.Tensor]
+    placeholders: list[torch.Tensor]
+
+
+@dataclass(frozen=True)
 class TraceBackend(Backend):
-    """`--backend xla` whose new state is placeholders and whose sync runs nothing (`trace`
+    """The run's backend whose new state is placeholders and whose sync runs nothing (`trace`
     compiles what the sync would have run; see the module docstring)."""
 
     outputs: list = field(default_factory=list)  # what an eval step handed back for the host to read
+    cuts: list = field(default_factory=list)  # openxla: the dynamo graphs traced so far, as `Cut`s
+
+    def dynamo_backend(self):
+        """openxla: the run's split into dynamo graphs (AOTAutograd's forward and backward, as the
+        `openxla` backend makes them), each traced lazily and cut (`_cut`); on a mesh the backward
+        stays lazy, as `backend.spmd_openxla` runs it."""
+        from functorch.compile import make_boxed_func
+
+        from b2t.private_api import aot_autograd
+
+        def cut(gm: torch.fx.GraphModule, _example_inputs: list) -> object:
+            return make_boxed_func(lambda *args: self._cut(gm(*args), args))
+
+        lazy = lambda gm, _: make_boxed_func(gm.forward)  # noqa: E731
+        return aot_autograd(fw_compiler=cut, bw_compiler=cut if self.mesh is None else lazy)
+
+    def _cut(self, outputs, inputs: tuple):
+        """One dynamo graph's lazy `outputs` compiled as one module (dumped, not run) and replaced by
+        placeholders, so later graphs start from device data as they would after the bridge's run.
+        An output that is one of the graph's `inputs` (a weight saved for the backward) is handed on
+        as it is: the bridge returns those without computing them."""
+        flat = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+        seen = {id(t) for t in inputs if isinstance(t, torch.Tensor)}
+        roots = []
+        for t in flat:
+            if isinstance(t, torch.Tensor) and has_pending_graph(t) and id(t) not in seen:
+                seen.add(id(t))
+                roots.append(t)
+        warm_up_cache(roots)
+        handed = {id(t): placeholder(t.shape, t.dtype) for t in roots}
+        self.cuts.append(Cut(roots, list(handed.values())))
+        out = [handed.get(id(t), t) for t in flat]
+        return type(outputs)(out) if isinstance(outputs, (tuple, list)) else out[0]
 
     def zeros(self, like: torch.Tensor) -> torch.Tensor:
         return placeholder(like.shape, like.dtype)
+
+    def donate(self, tensors) -> int:
+        """Nothing: placeholders have no buffer to offer; `trace` names the donors instead."""
+        return 0
+
+    def replicated(self, t: torch.Tensor) -> torch.Tensor:
+        """As a run's, but a placeholder (an openxla graph's output here) is annotated by a graph
+        node: it has no data to lay out."""
+        if self.mesh is None or has_pending_graph(t) or t.device.type != "xla" or not is_placeholder(t):
+            return super().replicated(t)
+        import torch_xla.distributed.spmd as xs
+
+        return xs.annotate_custom_sharding(t, self.mesh.mesh, (None,) * t.dim()).global_tensor
 
     def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         """fsdp: each weight, gradient and moment annotated with `SpmdMesh.weight_spec` (a
@@ -131,39 +194,83 @@ def placeholder_model(cfg: Config, n_days: int, device: torch.device) -> nn.Modu
 
 
 def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: BucketShape,
-          dump_dir: Path) -> Graph:
-    """Trace one `kind` graph ("train": a steady optimizer step; "eval") of a `shape` batch from fresh
-    placeholder state, compile it for the CPU without running it, and read back the dumped module."""
+          dump_dir: Path) -> list[Graph]:
+    """Trace the modules of one `kind` step ("train": a steady optimizer step; "eval") of a `shape`
+    batch from fresh placeholder state, compile each for the CPU without running it, and read back
+    the dumped modules, in the order the step runs them."""
     model = placeholder_model(cfg, n_days, backend.device)
     optimizer = make_optimizer(model, cfg.optim) if kind == "train" else None
     stepper = Stepper(model, optimizer, backend, cfg)
-    state = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
-             *(t for s in (optimizer.state.values() if optimizer else ()) for t in s.values()
-               if isinstance(t, torch.Tensor))]
+    state = stepper.training_state() if optimizer is not None else []
     ids_before = device_data_ids(state)  # an in-place update gives a tensor a new id; its input keeps this one
+    share = _state_bytes(model, optimizer, backend, stepper)
     before = set(dump_dir.glob(f"*{DUMP_SUFFIX}"))
     t0 = time.perf_counter()
     batch = Batch(0, empty_batch(shape), {})
     backend.outputs.clear()
+    backend.cuts.clear()
     if kind == "train":
         stepper.train_step([batch] * cfg.train.grad_accum, 2)  # step 2: a steady step (schedules past 0)
+        roots = [t for t in state if has_pending_graph(t)] + [t for t in stepper.loss_totals() if has_pending_graph(t)]
     else:
         stepper.eval_step(batch)
-    updated = [has_pending_graph(t) for t in state]  # what the step overwrites (nothing in evaluation)
-    if kind == "train":
-        roots = [t for t, u in zip(state, updated) if u] + [t for t in stepper.loss_totals() if has_pending_graph(t)]
-    else:
-        roots = backend.outputs[:]
-    warm_up_cache(roots)  # what the sync would have compiled (and then run)
+        roots = [t for t in backend.outputs if has_pending_graph(t)]
+    if roots:
+        warm_up_cache(roots)  # what the sync would have compiled (and then run)
     seconds = time.perf_counter() - t0
     written = sorted(set(dump_dir.glob(f"*{DUMP_SUFFIX}")) - before)
-    if len(written) != 1:
-        raise CaptureError(f"expected one dumped module for the {kind} graph of T={shape.T} B={shape.B}, found "
-                           f"{len(written)} in {dump_dir}")
-    donate = backend.mesh is None and os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1") != "0"
-    overwritten = {i for i, u in zip(ids_before, updated) if u}
-    donors = tuple(n for n, d in enumerate(graph_data_ids(roots)) if d in overwritten) if donate else ()
-    return Graph(kind, shape, shape.B, hlo_module(written[0].read_bytes()), donors, seconds)
+    modules = [c.roots for c in backend.cuts] + ([roots] if roots else [])
+    if len(written) != len(modules):
+        raise CaptureError(f"expected {len(modules)} dumped modules for the {kind} step of T={shape.T} B={shape.B}, "
+                           f"found {len(written)} in {dump_dir}")
+    donate = os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1") != "0"  # as torch_xla reads it
+    donated = set(ids_before)  # the training state, every buffer of which the step donates
+    handed = {d: (m, i) for m, c in enumerate(backend.cuts) for i, d in enumerate(device_data_ids(c.placeholders))}
+    parts = _part_names(kind, len(backend.cuts), backend.mesh is not None, bool(roots))
+    graphs = []
+    for m, (path, module_roots) in enumerate(zip(written, modules)):
+        inputs = graph_data_ids(module_roots)
+        donors = tuple(n for n, d in enumerate(inputs) if d in donated) if donate and m == len(modules) - 1 else ()
+        from_earlier = tuple((n, *handed[d]) for n, d in enumerate(inputs) if d in handed)
+        resident = sum(b for d, b in share.items() if d not in set(inputs))
+        graphs.append(Graph(kind, shape, shape.B, hlo_module(path.read_bytes()), donors, seconds / len(modules),
+                            parts[m], from_earlier, resident))
+    return graphs
+
+
+def _part_names(kind: str, cuts: int, spmd: bool, lazy: bool) -> list[str]:
+    """What each module of a step is, in order (see the module docstring)."""
+    if kind == "eval":
+        return ["eval"] * (cuts + lazy) if cuts else ["step"]
+    if not cuts:
+        return ["step"]
+    return ["forward", "backward+update"] if spmd else ["forward", "backward", "update"][: cuts + lazy]
+
+
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, backend: TraceBackend,
+                 stepper: Stepper) -> dict[int, int]:
+    """Data id -> bytes per chip of every tensor a training run keeps on the device across its
+    graphs: weights, gradients, AdamW's moments and step counts. In evaluation (no optimizer here)
+    the run's gradients and moments still live beside the eval graph: counted under negative ids."""
+    from b2t.train.mesh import FSDP_AXIS
+
+    def per_chip(t: torch.Tensor, spec: tuple) -> int:
+        split = backend.mesh.fsdp if backend.mesh is not None and FSDP_AXIS in spec else 1
+        return t.numel() * t.element_size() // split
+
+    specs = {id(p): (backend.mesh.weight_spec(p) if backend.mesh is not None else ()) for p in model.parameters()}
+    if optimizer is not None:
+        owner = {}
+        for p in model.parameters():
+            for t in (p, p.grad, *optimizer.state.get(p, {}).values()):
+                if isinstance(t, torch.Tensor):
+                    owner[id(t)] = (t, specs[id(p)] if t.shape == p.shape else ())
+        tensors = stepper.training_state()
+        return {d: per_chip(*owner[id(t)]) for t, d in zip(tensors, device_data_ids(tensors))}
+    weights = list(model.parameters())
+    share = dict(zip(device_data_ids(weights), (per_chip(p, specs[id(p)]) for p in weights)))
+    extra = sum(3 * per_chip(p, specs[id(p)]) + 4 for p in weights if p.requires_grad)  # grad, 2 moments, step count
+    return {**share, -1: extra}
 
 
 def hlo_module(dump: bytes) -> bytes:
@@ -182,12 +289,15 @@ def hlo_module(dump: bytes) -> bytes:
     return proto.hlo_module
 
 
-def trace_backend(mesh_cfg: MeshConfig | None) -> TraceBackend:
-    """The trace's backend on the XLA CPU device, SPMD over `mesh_cfg` when it spans more than one device."""
+def trace_backend(mesh_cfg: MeshConfig | None, name: str = "xla") -> TraceBackend:
+    """The trace's `name` backend (xla or openxla) on the XLA CPU device, SPMD over `mesh_cfg` when it
+    spans more than one device."""
     from b2t.train.backend import make_backend
     from b2t.train.mesh import enable_spmd
 
-    mesh = enable_spmd(mesh_cfg, "xla") if mesh_cfg is not None and mesh_cfg.data * mesh_cfg.fsdp > 1 else None
-    base = make_backend("xla", mesh=mesh)
+    if name not in ("xla", "openxla"):
+        raise CaptureError(f"the TPU check traces the xla or openxla backend, not {name!r}")
+    mesh = enable_spmd(mesh_cfg, name) if mesh_cfg is not None and mesh_cfg.data * mesh_cfg.fsdp > 1 else None
+    base = make_backend(name, mesh=mesh)
     return TraceBackend(base.name, base.device, base.mesh, base.baseline)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from b2t.config import Config
 from b2t.contract import BucketShape
 from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
-from b2t.tpu.compiler import Compiled, compile_for
+from b2t.tpu.compiler import HEADROOM, Compiled, compile_for
 from b2t.tpu.targets import GiB, Target
 
 MiB = 1024**2
@@ -27,14 +27,23 @@ MiB = 1024**2
 
 @dataclass(frozen=True)
 class Checked:
-    graph: Graph
+    """One step of a bucket (train or eval) as the compiler saw it: `compiled` is its peak module's
+    memory (the training state beside that module included) with the compile seconds, FLOPs and
+    bytes of all its modules summed; `parts` is every module (openxla compiles several per step)."""
+
+    graph: Graph  # the peak module
     compiled: Compiled
     planned: int | None = None  # the shape model's per-device estimate for a train graph
+    parts: tuple[tuple[Graph, Compiled], ...] = ()
 
 
 def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: int,
               report: Callable[[str], None], *, fit: bool = False) -> str:
-    """Trace and compile every graph of a run of `cfg` on `target`; the report as text."""
+    """Trace and compile every graph of a run of `cfg` (its `train.backend`: openxla or xla) on
+    `target`; the report as text."""
+    if cfg.train.backend not in ("openxla", "xla"):
+        raise ValueError(f"--target checks a TPU run, which compiles with openxla or xla, not {cfg.train.backend}: "
+                         "pass --backend openxla (or xla)")
     mesh = cfg.mesh
     # no mesh given (or data=all): data-parallel over every chip, as --devices all would train
     devices = target.chips if mesh.data == -1 or not mesh.spmd else mesh.data * mesh.fsdp
@@ -48,7 +57,7 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
     with tempfile.TemporaryDirectory(prefix="b2t-tpu-") as tmp:
         dump = Path(tmp)
         prepare_process(target.chips, dump)
-        backend = trace_backend(replace(mesh, data=devices // mesh.fsdp))
+        backend = trace_backend(replace(mesh, data=devices // mesh.fsdp), cfg.train.backend)
         results = [check_graph(target, cfg, n_days, backend, kind, shape, dump, report)
                    for shape in buckets for kind in ("train", "eval")]
         text = format_report(target, cfg, devices, results)
@@ -66,15 +75,29 @@ def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend,
     from b2t.train.plan import step_bytes, weight_layout
 
     report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
-    graph = trace(cfg, n_days, backend, kind, shape, dump)
+    graphs = trace(cfg, n_days, backend, kind, shape, dump)
     report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
-    compiled = compile_for(target, graph.hlo, graph.donors)
+    parts: list[tuple[Graph, Compiled]] = []
+    for graph in graphs:  # in the step's order: an earlier module's output shardings are a later one's inputs'
+        handed = {n: parts[m][1].output_shardings[i] for n, m, i in graph.inputs_from
+                  if i < len(parts[m][1].output_shardings)}
+        parts.append((graph, compile_for(target, graph.hlo, graph.donors, graph.resident, handed)))
+    graph, compiled = combined(parts)
     devices = target.chips
     planned = None
     if kind == "train":
         weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
         planned = step_bytes(max(shape.B // devices, 1), shape, weights, cfg.model, devices > 1)
-    return Checked(graph, compiled, planned)
+    return Checked(graph, compiled, planned, tuple(parts) if len(parts) > 1 else ())
+
+
+def combined(parts: list[tuple[Graph, Compiled]]) -> tuple[Graph, Compiled]:
+    """A step of several modules as one: the first refused module, else the one with the largest
+    total; compile seconds, FLOPs and bytes summed over all of them."""
+    refused = [p for p in parts if p[1].memory is None]
+    graph, peak = refused[0] if refused else max(parts, key=lambda p: p[1].memory.total)
+    return graph, replace(peak, seconds=sum(c.seconds for _, c in parts), flops=sum(c.flops for _, c in parts),
+                          bytes_accessed=sum(c.bytes_accessed for _, c in parts))
 
 
 def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend: TraceBackend, shape: BucketShape,
@@ -98,41 +121,54 @@ def _mib(n: int) -> str:
     return f"{n / MiB:9.1f}"
 
 
+def _row(name: str, c: Compiled, hbm: int, planned: int | None) -> str:
+    """One line of the report: per-chip MiB, share of HBM, compile seconds, planner, verdict."""
+    plan = f"{planned / MiB:9.0f}" if planned is not None else f"{'':9s}"
+    if c.memory is None:
+        return f"{name:26s}{'':63s}{'':8s}{c.seconds:8.1f}s{plan}  {c.refusal}"
+    m = c.memory
+    return (f"{name:26s}{_mib(m.arguments)}{_mib(m.outputs)}{_mib(m.aliased)}{_mib(m.temp)}{_mib(m.code)}"
+            f"{_mib(m.resident)}{_mib(m.total)}{m.total / hbm:7.1%} {c.seconds:7.1f}s{plan}  {c.verdict}")
+
+
 def format_report(target: Target, cfg: Config, devices: int, results: list[Checked]) -> str:
     chip = target.chip
     m = cfg.mesh
     lines = [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
              f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
-             "graphs: the trainer's --backend xla train step and eval step per bucket, traced on "
+             f"graphs: the trainer's --backend {cfg.train.backend} train step and eval step per bucket, traced on "
              f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
              "(libtpu)",
              "",
-             f"{'per chip, MiB':22s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'total':>9s}"
+             f"{'per chip, MiB':26s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'live':>9s}{'total':>9s}"
              f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
     for r in results:
-        g, c = r.graph, r.compiled
+        g = r.graph
         name = f"{g.kind:5s} T={g.bucket.T} B={g.rows}"
-        planned = f"{r.planned / MiB:9.0f}" if r.planned is not None else f"{'':9s}"
-        if c.memory is None:
-            lines.append(f"{name:22s}{'':54s}{'':8s}{c.seconds:8.1f}s{planned}  {c.refusal}")
-            continue
-        mem = c.memory
-        lines.append(f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
-                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  "
-                     f"{'fits' if c.fits else c.refusal}")
-    refused = [r for r in results if not r.compiled.fits]
+        lines.append(_row(name, r.compiled, chip.hbm, r.planned))
+        for part, compiled in r.parts:  # openxla: each module, the peak one's figures above
+            lines.append(_row(f"  {part.part}", compiled, chip.hbm, None))
+    refused = [r for r in results if r.compiled.memory is None or r.compiled.refusal]
+    tight = [r for r in results if r.compiled.tight]
     if refused:
         r = refused[0]
         verdict = (f"DOES NOT FIT: {len(refused)} of {len(results)} graphs refused, first "
                    f"{r.graph.kind} T={r.graph.bucket.T} B={r.graph.rows}: {r.compiled.refusal}")
+    elif tight:
+        r = tight[0]
+        verdict = (f"TIGHT: {len(tight)} of {len(results)} graphs leave less than {HEADROOM:.0%} of HBM free, first "
+                   f"{r.graph.kind} T={r.graph.bucket.T} B={r.graph.rows}: {r.compiled.tight}")
     else:
         peak = max(results, key=lambda r: r.compiled.memory.total)
         verdict = (f"fits: every graph compiled; the largest, {peak.graph.kind} T={peak.graph.bucket.T}, needs "
-                   f"{peak.compiled.memory.total / GiB:.2f} GiB of {chip.hbm / GiB:.0f} GiB per chip")
+                   f"{peak.compiled.memory.total / GiB:.2f} GiB of {chip.hbm / GiB:.0f} GiB per chip "
+                   f"({1 - peak.compiled.memory.total / chip.hbm:.0%} spare)")
     compile_s = sum(r.compiled.seconds for r in results)
     lines += ["", f"verdict (the TPU compiler's): {verdict}",
-              f"compile time on this machine: {compile_s:.0f} s for {len(results)} graphs "
+              f"compile time on this machine: {compile_s:.0f} s for {len(results)} steps "
               f"(a TPU host compiles the same graphs before the first step)",
+              "live: training state the run keeps beside a graph that it does not read (gradients and moments "
+              "during a forward or an eval)",
               "planner: b2t-train --plan's shape-model estimate of the train step, for comparison", ""]
     lines += format_roofline(target, cfg, devices, results)
     return "\n".join(lines)

@@ -39,10 +39,16 @@ class Memory:
     aliased: int  # outputs written into donated argument buffers (counted once, in arguments)
     temp: int
     code: int
+    resident: int = 0  # other buffers the run keeps alive beside this graph (state it does not read)
 
     @property
     def total(self) -> int:
-        return self.arguments + self.outputs - self.aliased + self.temp + self.code
+        return self.arguments + self.outputs - self.aliased + self.temp + self.code + self.resident
+
+
+HEADROOM = 0.05
+"""Share of a chip's HBM a graph must leave free to be called `fits`: the runtime's own buffers and
+the allocator's fragmentation take some, so a step at 95% of HBM is one hiccup from running out."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,18 @@ class Compiled:
     flops: float = 0.0  # per chip, from the executable's cost analysis
     bytes_accessed: float = 0.0
     refusal: str = ""  # the compiler's out-of-memory summary (or other error; memory None), or `over_hbm`'s
+    tight: str = ""  # within HBM but with less than HEADROOM of it spare (`short_of_headroom`)
+    output_shardings: tuple[str, ...] = ()  # each output's sharding as the compiler laid it out (HLO text)
 
     @property
     def fits(self) -> bool:
-        return self.memory is not None and not self.refusal
+        """Compiled, and leaves at least HEADROOM of the chip's HBM free."""
+        return self.memory is not None and not self.refusal and not self.tight
+
+    @property
+    def verdict(self) -> str:
+        """`fits`, the tight verdict or the refusal: one line."""
+        return "fits" if self.fits else self.refusal or self.tight
 
 
 @functools.cache
@@ -81,8 +95,11 @@ def _topology(target: Target):
         raise CompilerMissing(f"libtpu could not describe {target.name} ({target.topology}): {reason}") from e
 
 
-def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled:
-    """Compile the HloModuleProto `hlo` for `target`'s chips, `donors` donated."""
+def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...], resident: int = 0,
+                arg_shardings: dict[int, str] | None = None) -> Compiled:
+    """Compile the HloModuleProto `hlo` for `target`'s chips, `donors` donated, with `resident`
+    bytes per chip of other buffers alive beside it (counted in its total) and `arg_shardings`
+    (parameter -> HLO sharding text) for arguments an earlier module's outputs hand it."""
     import numpy as np
     from jax._src import compiler
     from jax._src.lib import xla_client
@@ -90,7 +107,7 @@ def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled
     devices = _topology(target).devices
     if len(devices) != target.chips:
         raise RuntimeError(f"libtpu describes {len(devices)} devices for {target.name}, expected {target.chips}")
-    module = _stablehlo(hlo, donors)
+    module = _stablehlo(hlo, donors, arg_shardings or {})
     n = len(devices)
     options = compiler.get_compile_options(num_replicas=1, num_partitions=n,
                                            device_assignment=np.array(devices).reshape(1, n))
@@ -108,18 +125,28 @@ def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...]) -> Compiled
     seconds = time.perf_counter() - t0
     s = exe.get_compiled_memory_stats()
     memory = Memory(s.argument_size_in_bytes, s.output_size_in_bytes, s.alias_size_in_bytes,
-                    s.temp_size_in_bytes, s.generated_code_size_in_bytes)
+                    s.temp_size_in_bytes, s.generated_code_size_in_bytes, resident)
     cost = exe.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
+    shardings = tuple(str(xla_client.HloSharding.from_proto(o)) for o in exe.get_output_shardings()) if n > 1 else ()
     return Compiled(seconds, memory, float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)),
-                    over_hbm(memory, target.chip.hbm))
+                    over_hbm(memory, target.chip.hbm), short_of_headroom(memory, target.chip.hbm), shardings)
+
+
+def short_of_headroom(memory: Memory, hbm: int) -> str:
+    """The verdict of a graph within the chip's HBM that leaves less than HEADROOM of it free
+    ('' otherwise, and for one over HBM: `over_hbm` speaks for that)."""
+    if memory.total > hbm or memory.total <= (1 - HEADROOM) * hbm:
+        return ""
+    return (f"tight: needs {memory.total / GiB:.2f} GiB of {hbm / GiB:.0f} GiB per chip, {1 - memory.total / hbm:.1%} "
+            f"spare (fits needs {HEADROOM:.0%}: the runtime and the allocator's fragmentation take some)")
 
 
 def over_hbm(memory: Memory, hbm: int) -> str:
     """The refusal of a graph the compiler accepted whose buffers still exceed the chip: libtpu
-    compiled SPMD steps needing more than HBM (measured: 23.3 GiB per v5e chip), whose outputs
-    are not donated (the trainer turns aliasing off under SPMD), so weights, gradients and
-    moments exist twice while the step runs. '' when it fits."""
+    accepts steps needing more than HBM when their outputs are not donated (measured: an SPMD
+    step at 23.3 GiB per v5e chip with aliasing off), as it does not count the arguments and
+    the undonated outputs against HBM together. '' when it is within HBM."""
     if memory.total <= hbm:
         return ""
     undonated = memory.outputs - memory.aliased
@@ -149,9 +176,9 @@ def summarise_refusal(message: str) -> str:
     return f"compiler error: {first[:300]}"
 
 
-def _stablehlo(hlo: bytes, donors: tuple[int, ...]) -> bytes:
-    """`hlo` as StableHLO bytecode, `donors` marked donated and annotated weight shardings on
-    their arguments (see the module docstring)."""
+def _stablehlo(hlo: bytes, donors: tuple[int, ...], arg_shardings: dict[int, str]) -> bytes:
+    """`hlo` as StableHLO bytecode, `donors` marked donated, annotated weight shardings and
+    `arg_shardings` on their arguments (see the module docstring)."""
     from jax._src.interpreters import mlir
     from jax._src.lib import _jax
     from jax._src.lib.mlir import ir
@@ -165,6 +192,8 @@ def _stablehlo(hlo: bytes, donors: tuple[int, ...]) -> bytes:
             attrs[i]["jax.buffer_donor"] = ir.BoolAttr.get(True)
         for i, sharding in _annotated_arguments(block).items():
             attrs[i].setdefault("mhlo.sharding", sharding)
+        for i, text in arg_shardings.items():
+            attrs[i]["mhlo.sharding"] = ir.StringAttr.get(text)
         main.attributes["arg_attrs"] = ir.ArrayAttr.get([ir.DictAttr.get(a) for a in attrs])
         return mlir.module_to_bytecode(module)
 
