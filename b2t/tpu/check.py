@@ -20,6 +20,7 @@ from b2t.config import Config
 from b2t.contract import BucketShape
 from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
 from b2t.tpu.compiler import Compiled, compile_for
+from b2t.tpu.side_by_side import HostMemory, compile_all
 from b2t.tpu.targets import GiB, Target
 
 MiB = 1024**2
@@ -33,8 +34,9 @@ class Checked:
 
 
 def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: int,
-              report: Callable[[str], None], *, fit: bool = False) -> str:
-    """Trace and compile every graph of a run of `cfg` on `target`; the report as text."""
+              report: Callable[[str], None], *, fit: bool = False, jobs: int = 1) -> str:
+    """Trace and compile every graph of a run of `cfg` on `target`, compiling up to `jobs` at
+    once (`b2t.tpu.side_by_side`); the report as text."""
     mesh = cfg.mesh
     # no mesh given (or data=all): data-parallel over every chip, as --devices all would train
     devices = target.chips if mesh.data == -1 or not mesh.spmd else mesh.data * mesh.fsdp
@@ -49,9 +51,10 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
         dump = Path(tmp)
         prepare_process(target.chips, dump)
         backend = trace_backend(replace(mesh, data=devices // mesh.fsdp))
-        results = [check_graph(target, cfg, n_days, backend, kind, shape, dump, report)
-                   for shape in buckets for kind in ("train", "eval")]
-        text = format_report(target, cfg, devices, results)
+        graphs = [traced(cfg, n_days, backend, kind, shape, dump, report) for shape in buckets for kind in ("train", "eval")]
+        compiled, memory, wall = compile_all(target, graphs, jobs, report)
+        results = [Checked(g, c, planned_bytes(cfg, n_days, g, target.chips)) for g, c in zip(graphs, compiled)]
+        text = format_report(target, cfg, devices, results) + "\n" + format_side_by_side(results, memory, wall, jobs)
         if fit:
             longest = max(buckets, key=lambda b: b.T)
             rows, probes = largest_fitting_rows(target, cfg, n_days, backend, longest, devices, dump, report)
@@ -63,18 +66,36 @@ def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend,
                 dump: Path, report: Callable[[str], None]) -> Checked:
     """Trace one graph of the run and compile it for `target`; a train graph also gets the
     shape model's estimate (`b2t.train.plan.step_bytes`) for comparison."""
-    from b2t.train.plan import step_bytes, weight_layout
-
-    report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
-    graph = trace(cfg, n_days, backend, kind, shape, dump)
+    graph = traced(cfg, n_days, backend, kind, shape, dump, report)
     report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
     compiled = compile_for(target, graph.hlo, graph.donors)
-    devices = target.chips
-    planned = None
-    if kind == "train":
-        weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
-        planned = step_bytes(max(shape.B // devices, 1), shape, weights, cfg.model, devices > 1)
-    return Checked(graph, compiled, planned)
+    return Checked(graph, compiled, planned_bytes(cfg, n_days, graph, target.chips))
+
+
+def traced(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: BucketShape, dump: Path,
+           report: Callable[[str], None]) -> Graph:
+    report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
+    return trace(cfg, n_days, backend, kind, shape, dump)
+
+
+def planned_bytes(cfg: Config, n_days: int, graph: Graph, devices: int) -> int | None:
+    """The shape model's per-device estimate of a train graph (`b2t.train.plan.step_bytes`); None for eval."""
+    from b2t.train.plan import step_bytes, weight_layout
+
+    if graph.kind != "train":
+        return None
+    weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
+    return step_bytes(max(graph.rows // devices, 1), graph.bucket, weights, cfg.model, devices > 1)
+
+
+def format_side_by_side(results: list[Checked], memory: HostMemory, wall: float, jobs: int) -> str:
+    """The compiles' wall time against their sum, and the host memory each one running at once took."""
+    total = sum(r.compiled.seconds for r in results)
+    at_once = min(jobs, len(results))
+    return (f"side by side: {len(results)} compiles, up to {at_once} at once (--jobs {jobs}): {wall:.0f} s of wall time "
+            f"for {total:.0f} s of compiling; host memory {memory.before / GiB:.1f} GiB before, peak "
+            f"{memory.peak / GiB:.1f} GiB with {memory.most_at_once} at once, about {memory.per_compile / GiB:.2f} GiB "
+            "per concurrent compile (each extra job adds about that much)")
 
 
 def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend: TraceBackend, shape: BucketShape,
