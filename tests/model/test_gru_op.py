@@ -166,3 +166,36 @@ def test_the_cpu_kernel_projects_the_input_of_all_steps_in_one_matmul():
         got = native_layers(padded, h0, weights, keep)[-1]
     assert "bmm" not in ops.seen, sorted(ops.seen)
     torch.testing.assert_close(got, gru_stack(x, h0, weights, keep), rtol=0, atol=0)
+
+
+def _while_loops(fn, case) -> int:
+    """While-loops in the XLA graph of fn's output and every gradient."""
+    gru, x, h0, keep, weight = case
+    gru = copy.deepcopy(gru).to(DEVICE)
+    xs, hs = x.to(DEVICE).requires_grad_(True), h0.to(DEVICE).requires_grad_(True)
+    y = fn(xs, hs, gru_weights(gru), keep.to(DEVICE))
+    (y * weight.to(DEVICE)).sum().backward()
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([y, xs.grad, hs.grad, *(w.grad for w in gru_weights(gru))])
+    torch_xla.sync()
+    return hlo.count(" while(")
+
+
+@pytest.mark.parametrize("layers", [3, 5])
+def test_layers_above_the_first_run_as_one_loop_with_torchs_values(layers):
+    """From two layers above the first on, XLA runs them as one while-loop over the layers, in
+    the forward and in the backward (the compiler builds one such layer, not L-1 copies): the
+    values and gradients are torch's GRU's, lazily and inside openxla, and the graph's loops do
+    not grow with the layers (3 forward: the first layer's, the loop over layers and its time
+    loop; 3 backward)."""
+    case = _case(3, 7, 5, 4, layers, True, 5)
+    eager = _outputs(gru_stack, case, CPU)
+    lazy = _outputs(gru_stack, case, DEVICE)
+    try:
+        compiled = _outputs(torch.compile(gru_stack, backend="openxla"), case, DEVICE)
+    finally:
+        torch._dynamo.reset()
+    for got, want in zip(lazy, eager):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    for got, want in zip(compiled, lazy):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert _while_loops(gru_stack, case) == 6
