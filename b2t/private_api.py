@@ -33,7 +33,8 @@ the kernel `nn.GRU` calls, b2t.model.recurrence); `scan_no_grad`
 (`torch_xla.experimental.scan._scan_impl_pytree`: scan's loop without its autograd, whose
 saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence);
 `cpu_has_bf16_matmuls` (`torch.ops.mkldnn._is_mkldnn_bf16_supported`: whether oneDNN runs bf16
-on this CPU's vector units, b2t.train.backend).
+on this CPU's vector units, b2t.train.backend); `push_xla_scope` (`torch_xla._XLAC.profiler.scope_pusher`:
+op-name scopes in the HLO metadata, tools/hlo_parts).
 """
 
 from __future__ import annotations
@@ -169,6 +170,15 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
+
+
+def push_xla_scope(name: str) -> object:
+    """Open a torch_xla op-name scope: ops traced until the returned object is deleted carry
+    `name/` in their HLO `op_name` metadata (with XLA_HLO_DEBUG=1; tools/hlo_parts tags the
+    step's parts so). Scopes nest; each thread has its own."""
+    import torch_xla
+
+    return torch_xla._XLAC.profiler.scope_pusher(name)
 
 
 def warm_up_cache(roots: list[torch.Tensor]) -> None:

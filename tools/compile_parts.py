@@ -108,7 +108,8 @@ def measure(config: str, target: str, mesh: str, shape: str, kinds: str, days: i
     from b2t.tpu.compiler import compile_for
     from b2t.tpu.targets import parse_target
     from b2t.train.mesh import parse_devices
-    from tools import hlo_parts  # this clone's, whichever b2t (--repo) is measured
+
+    hlo_parts = _this_clones_hlo_parts()
 
     t = parse_target(target)
     mesh_cfg = parse_devices(None, mesh) if mesh else None
@@ -156,6 +157,17 @@ def measure(config: str, target: str, mesh: str, shape: str, kinds: str, days: i
                                 for k, s in top],
                 "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
             }), flush=True)
+
+
+def _this_clones_hlo_parts():
+    """tools/hlo_parts.py beside this file, whatever `tools` the measured checkout (--repo) has."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("b2t_tools_hlo_parts", Path(__file__).with_name("hlo_parts.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def _newest(directory: Path, pattern: str, exclude: str = "") -> Path | None:

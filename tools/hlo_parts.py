@@ -62,13 +62,26 @@ def _scope_name(code) -> str:
     return code.co_qualname.replace("<locals>.", "")
 
 
+def _push_xla_scope():
+    """`b2t.private_api.push_xla_scope`: the measured checkout's, or this clone's where that
+    checkout predates it (tools/compile_parts.py measures any checkout)."""
+    try:
+        from b2t.private_api import push_xla_scope
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("b2t_private_api", Path(__file__).parents[1] / "b2t/private_api.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        push_xla_scope = module.push_xla_scope
+    return push_xla_scope
+
+
 class _Tagger:
     """The profile hook and the autograd-node labels of one `tagged()` block."""
 
     def __init__(self) -> None:
-        import torch_xla
-
-        self.push = torch_xla._XLAC.profiler.scope_pusher
+        self.push = _push_xla_scope()
         self.local = threading.local()
         self.labels: dict[int, tuple[str, ...]] = {}  # id(node) -> forward scopes
         self.keep: list = []  # labelled nodes stay alive, so their ids stay theirs

@@ -93,8 +93,14 @@ def test_without_masks_it_is_torch_gru():
     torch.testing.assert_close(gru_stack(case[1], case[2], gru_weights(case[0]), None), y_module, rtol=0, atol=0)
 
 
-def test_inside_openxla_matches_the_lazy_scan():
-    case = _case(3, 9, 6, 5, 2, True, 3)
+@pytest.mark.parametrize(("layers", "loops"), [(2, 4), (5, 6)])
+def test_inside_openxla_matches_the_lazy_scan_whose_upper_layers_share_one_loop(layers, loops):
+    """Lazily and inside openxla, the values and gradients of torch's GRU. From two layers above
+    the first on, XLA runs those as one while-loop over the layers, forward and backward (the
+    compiler builds one such layer, not L-1 copies), so the graph's loops do not grow with the
+    layers: 2 layers, a time loop each way per layer (4); 5 layers, the first layer's time loop,
+    the loop over layers and its time loop, each way (6, not 10)."""
+    case = _case(3, 9, 6, 5, layers, True, 3)
     lazy = _outputs(gru_stack, case, DEVICE)
     try:
         compiled = _outputs(torch.compile(gru_stack, backend="openxla"), case, DEVICE)
@@ -102,6 +108,9 @@ def test_inside_openxla_matches_the_lazy_scan():
         torch._dynamo.reset()
     for got, want in zip(compiled, lazy):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for got, want in zip(lazy, _outputs(gru_stack, case, CPU)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert _while_loops(gru_stack, case) == loops
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 5, 4, 2), (4, 12, 9, 6, 3)])
@@ -179,23 +188,3 @@ def _while_loops(fn, case) -> int:
     torch_xla.sync()
     return hlo.count(" while(")
 
-
-@pytest.mark.parametrize("layers", [3, 5])
-def test_layers_above_the_first_run_as_one_loop_with_torchs_values(layers):
-    """From two layers above the first on, XLA runs them as one while-loop over the layers, in
-    the forward and in the backward (the compiler builds one such layer, not L-1 copies): the
-    values and gradients are torch's GRU's, lazily and inside openxla, and the graph's loops do
-    not grow with the layers (3 forward: the first layer's, the loop over layers and its time
-    loop; 3 backward)."""
-    case = _case(3, 7, 5, 4, layers, True, 5)
-    eager = _outputs(gru_stack, case, CPU)
-    lazy = _outputs(gru_stack, case, DEVICE)
-    try:
-        compiled = _outputs(torch.compile(gru_stack, backend="openxla"), case, DEVICE)
-    finally:
-        torch._dynamo.reset()
-    for got, want in zip(lazy, eager):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    for got, want in zip(compiled, lazy):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    assert _while_loops(gru_stack, case) == 6
