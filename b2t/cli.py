@@ -71,11 +71,14 @@ def fail(message: str) -> None:
 @click.option("--fit", is_flag=True,
               help="With --plan --target: also find the most rows per chip of the longest bucket that compile "
                    "(bisection with the compiler: a few more compiles).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --plan --target: compile up to N graphs at once (default: this machine's cores); each "
+                   "extra compile takes host memory, printed with the report.")
 def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, plan: bool,
                device_memory: str | None, init_from: Path | None, verify_data: bool, target: str | None,
-               fit: bool, compile_cache: Path | None) -> None:
+               fit: bool, compile_cache: Path | None, jobs: int | None) -> None:
     """Train a phoneme decoder (model.family: the reference GRU, or the noise-separating
     three-GRU model) on DATASET (a b2t-preprocess output) into RUN_DIR.
 
@@ -96,10 +99,10 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
             overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
         cfg = load_config(config_path, overrides)
         if plan and target is not None:
-            click.echo(_tpu_check_text(dataset, cfg, target, fit))
+            click.echo(_tpu_check_text(dataset, cfg, target, fit, jobs))
             return
-        if target is not None or fit:
-            raise ValueError("--target and --fit are --plan options: b2t-train --plan --target v5e-8 ...")
+        if target is not None or fit or jobs is not None:
+            raise ValueError("--target, --fit and --jobs are --plan options: b2t-train --plan --target v5e-8 ...")
         if plan:
             click.echo(_plan_text(dataset, cfg, device_memory))
             return
@@ -142,17 +145,19 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     return f"planning for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + format_plan(plan, cfg)
 
 
-def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool) -> str:
+def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, jobs: int | None) -> str:
     """`--plan --target`: the TPU compiler's report on DATASET's buckets (else the competition data's)."""
     from b2t.tpu.capture import CaptureError
     from b2t.tpu.check import run_check
     from b2t.tpu.compiler import CompilerMissing
+    from b2t.tpu.side_by_side import default_jobs
     from b2t.tpu.targets import parse_target
 
     chosen = parse_target(target)
     buckets, n_days, source = _plan_data(dataset)
     try:
-        text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit)
+        text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit,
+                         jobs=jobs or default_jobs())
     except (CompilerMissing, CaptureError) as e:
         raise ValueError(str(e)) from None
     return f"checking for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + text

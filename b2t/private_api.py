@@ -38,7 +38,9 @@ on this CPU's vector units, b2t.train.backend); `donate_buffer`, `buffer_donated
 to the next graph that reads it, b2t.train.backend.Backend.donate); `sharding_constraint`
 (`torch.ops.xla.aot_mark_sharding`, the traceable op behind torch_xla's `mark_sharding_with_gradients`,
 given the mesh and spec as text so dynamo traces it, b2t.train.mesh); `is_placeholder`
-(`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.tpu.capture).
+(`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.tpu.capture);
+`push_xla_scope` (`torch_xla._XLAC.profiler.scope_pusher`: op-name scopes in the HLO metadata,
+tools/hlo_parts).
 """
 
 from __future__ import annotations
@@ -174,6 +176,15 @@ def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 
     return sum(counters["graph_break"].values())
+
+
+def push_xla_scope(name: str) -> object:
+    """Open a torch_xla op-name scope: ops traced until the returned object is deleted carry
+    `name/` in their HLO `op_name` metadata (with XLA_HLO_DEBUG=1; tools/hlo_parts tags the
+    step's parts so). Scopes nest; each thread has its own."""
+    import torch_xla
+
+    return torch_xla._XLAC.profiler.scope_pusher(name)
 
 
 def warm_up_cache(roots: list[torch.Tensor]) -> None:

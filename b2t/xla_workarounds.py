@@ -74,6 +74,17 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "tests/train/test_parallel.py::test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has",
     ),
     Workaround(
+        "precompile-not-reused",
+        "A graph compiled without running it (`_xla_warm_up_cache`, what the dynamo bridge and the TPU check use) is "
+        "cached under another key than the same graph synced by `torch_xla.sync()` (the sync's aliasing setting is "
+        "part of the key), so the sync compiles it again; and compiles from several threads ran one after another "
+        "on the CPU runtime (docs/xla-facts.md).",
+        "The warm-up compiles the xla backend's graphs by running its steps, one graph after another "
+        "(b2t.train.warmup); side by side compiling is done by the TPU check with libtpu's own compile-only client "
+        "(b2t.tpu.side_by_side).",
+        "tests/test_xla_workarounds.py::test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync",
+    ),
+    Workaround(
         "spmd-async-trace",
         "Under SPMD, tracing the next step while the mesh still runs this one crashed the process inside torch_xla "
         "(a segfault building the scan backward's lowering, or a collective rendezvous timeout) within a few steps.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +211,22 @@ def test_ctc_alpha_and_its_backward_are_torchs_ctc_loss():
     torch.testing.assert_close(nll[:1], expected[:1])
     torch.testing.assert_close(grad[:, 0], expected_grad[:, 0])
     assert not grad[:, 1].any(), "an infeasible row gets no gradient (F.ctc_loss's own is NaN there)"
+
+
+def test_an_xla_scope_names_the_ops_traced_inside_it():
+    code = ("import torch, torch_xla\n"
+            "from b2t.private_api import push_xla_scope\n"
+            "x = torch.ones(4).to(torch_xla.device())\n"
+            "outer = push_xla_scope('outer'); inner = push_xla_scope('inner'); y = x * 3\n"
+            "del inner; z = y + 1; del outer; w = z - 2\n"
+            "print(torch_xla._XLAC._get_xla_tensors_hlo([w]))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO,
+                         env={**os.environ, "PJRT_DEVICE": "CPU", "XLA_HLO_DEBUG": "1", "PYTHONPATH": str(REPO)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    names = set(re.findall(r'op_name="([^"]*)"', run.stdout))
+    assert any(n.startswith("outer.") and "/inner." in n and n.endswith("aten__mul") for n in names), names
+    assert any(n.startswith("outer.") and "inner" not in n and n.endswith("aten__add") for n in names), names
+    assert any(n.endswith("aten__sub") and "outer" not in n for n in names), names
 
 
 def test_raise_recompile_limit_never_lowers_it():

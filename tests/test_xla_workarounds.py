@@ -17,7 +17,7 @@ import torch
 import torch_xla
 import torch_xla.debug.metrics as met
 
-from b2t.private_api import special_scalars_handled
+from b2t.private_api import special_scalars_handled, warm_up_cache
 from b2t.xla_workarounds import WORKAROUNDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,3 +84,15 @@ def test_sentinel_cpu_backward_before_the_xla_device_breaks_xla_backward():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin"})
     assert run.returncode != 0 and "device_ready_queues_" in run.stderr
+
+
+def test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync():
+    """An in-place update traced, compiled without running, then synced: two compilations of one graph."""
+    w = torch.ones(8, 8).to(torch_xla.device())
+    w.mul_(0.5).add_(1.0)
+    before = _compilations()
+    warm_up_cache([w])  # compiled and cached, not run: w still holds the pending graph
+    assert _compilations() - before == 1
+    torch_xla.sync()  # the same pending graph, now run
+    assert _compilations() - before == 2
+    assert torch.equal(w.cpu(), torch.full((8, 8), 1.5))

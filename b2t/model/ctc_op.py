@@ -86,7 +86,11 @@ def scan_nll(
     blanks = torch.full((B, L + 1), blank, dtype=torch.int64, device=device)
     pairs = torch.stack([blanks[:, :L], targets.long()], dim=2).reshape(B, 2 * L)
     ext = torch.cat([pairs, blanks[:, L:]], dim=1)  # (B, S): blank, l1, blank, l2, ..., lL, blank
-    emit = log_probs.gather(2, ext[:, None, :].expand(B, T, S))  # (B, T, S)
+    # each state's class row over all frames, B*S indices (an element-wise gather's (B, T, S)
+    # indices, and its backward's scatter, cost the TPU compiler a minute of relayout at B=64,
+    # T=197; tools/compile_parts.py); the same values, time-major as the scan walks them
+    rows = torch.arange(B, dtype=torch.int64, device=device)[:, None]  # (B, 1)
+    emit = log_probs.transpose(1, 2)[rows, ext].permute(2, 0, 1)  # (B, C, T) -> (B, S, T) -> (T, B, S)
 
     no_s_minus_2 = torch.zeros((B, 2), dtype=torch.bool, device=device)  # states 0 and 1
     new_label = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])  # (B, S-2)
@@ -100,7 +104,7 @@ def scan_nll(
     # same way every later step does, and a row of input length 0 stays there.
     states = torch.arange(S, device=device)
     alpha0 = torch.where(states == 0, 0.0, _NEG).to(LOSS_DTYPE).expand(B, S).contiguous()  # (B, S)
-    xs = (traced_with_grad(emit.transpose(0, 1)), active)  # (T, B, S), (T, B)
+    xs = (traced_with_grad(emit), active)  # (T, B, S), (T, B)
     (alpha, _), _ = scan(_alpha_step, (alpha0, skip_bias), xs, is_fn_pure=True)
 
     end = 2 * target_lengths.long()  # (B,) the final blank state

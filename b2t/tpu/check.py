@@ -19,7 +19,8 @@ from pathlib import Path
 from b2t.config import Config
 from b2t.contract import BucketShape
 from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
-from b2t.tpu.compiler import HEADROOM, Compiled, compile_for
+from b2t.tpu.compiler import HEADROOM, Compiled
+from b2t.tpu.side_by_side import HostMemory, compile_all, compile_step
 from b2t.tpu.targets import GiB, Target
 
 MiB = 1024**2
@@ -38,9 +39,9 @@ class Checked:
 
 
 def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: int,
-              report: Callable[[str], None], *, fit: bool = False) -> str:
+              report: Callable[[str], None], *, fit: bool = False, jobs: int = 1) -> str:
     """Trace and compile every graph of a run of `cfg` (its `train.backend`: openxla or xla) on
-    `target`; the report as text."""
+    `target`, compiling up to `jobs` steps at once (`b2t.tpu.side_by_side`); the report as text."""
     if cfg.train.backend not in ("openxla", "xla"):
         raise ValueError(f"--target checks a TPU run, which compiles with openxla or xla, not {cfg.train.backend}: "
                          "pass --backend openxla (or xla)")
@@ -58,9 +59,10 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
         dump = Path(tmp)
         prepare_process(target.chips, dump)
         backend = trace_backend(replace(mesh, data=devices // mesh.fsdp), cfg.train.backend)
-        results = [check_graph(target, cfg, n_days, backend, kind, shape, dump, report)
-                   for shape in buckets for kind in ("train", "eval")]
-        text = format_report(target, cfg, devices, results)
+        steps = [traced(cfg, n_days, backend, kind, shape, dump, report) for shape in buckets for kind in ("train", "eval")]
+        compiled, memory, wall = compile_all(target, steps, jobs, report)
+        results = [checked(cfg, n_days, target, parts, c) for parts, c in zip(steps, compiled)]
+        text = format_report(target, cfg, devices, results) + "\n" + format_side_by_side(results, memory, wall, jobs)
         if fit:
             longest = max(buckets, key=lambda b: b.T)
             rows, probes = largest_fitting_rows(target, cfg, n_days, backend, longest, devices, dump, report)
@@ -72,23 +74,33 @@ def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend,
                 dump: Path, report: Callable[[str], None]) -> Checked:
     """Trace one graph of the run and compile it for `target`; a train graph also gets the
     shape model's estimate (`b2t.train.plan.step_bytes`) for comparison."""
+    parts = traced(cfg, n_days, backend, kind, shape, dump, report)
+    report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
+    return checked(cfg, n_days, target, parts, compile_step(target, parts))
+
+
+def traced(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: BucketShape, dump: Path,
+           report: Callable[[str], None]) -> list[Graph]:
+    """The step's modules as `b2t.tpu.capture.trace` gives them (one under xla, several under openxla)."""
+    report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
+    return trace(cfg, n_days, backend, kind, shape, dump)
+
+
+def checked(cfg: Config, n_days: int, target: Target, graphs: list[Graph], compiled: list[Compiled]) -> Checked:
+    """A step's modules and their compiles as one `Checked`, with the planner's estimate."""
+    graph, peak = combined(list(zip(graphs, compiled)))
+    parts = tuple(zip(graphs, compiled)) if len(graphs) > 1 else ()
+    return Checked(graph, peak, planned_bytes(cfg, n_days, graph, target.chips), parts)
+
+
+def planned_bytes(cfg: Config, n_days: int, graph: Graph, devices: int) -> int | None:
+    """The shape model's per-device estimate of a train graph (`b2t.train.plan.step_bytes`); None for eval."""
     from b2t.train.plan import step_bytes, weight_layout
 
-    report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
-    graphs = trace(cfg, n_days, backend, kind, shape, dump)
-    report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
-    parts: list[tuple[Graph, Compiled]] = []
-    for graph in graphs:  # in the step's order: an earlier module's output shardings are a later one's inputs'
-        handed = {n: parts[m][1].output_shardings[i] for n, m, i in graph.inputs_from
-                  if i < len(parts[m][1].output_shardings)}
-        parts.append((graph, compile_for(target, graph.hlo, graph.donors, graph.resident, handed)))
-    graph, compiled = combined(parts)
-    devices = target.chips
-    planned = None
-    if kind == "train":
-        weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
-        planned = step_bytes(max(shape.B // devices, 1), shape, weights, cfg.model, devices > 1)
-    return Checked(graph, compiled, planned, tuple(parts) if len(parts) > 1 else ())
+    if graph.kind != "train":
+        return None
+    weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
+    return step_bytes(max(graph.rows // devices, 1), graph.bucket, weights, cfg.model, devices > 1)
 
 
 def combined(parts: list[tuple[Graph, Compiled]]) -> tuple[Graph, Compiled]:
@@ -98,6 +110,16 @@ def combined(parts: list[tuple[Graph, Compiled]]) -> tuple[Graph, Compiled]:
     graph, peak = refused[0] if refused else max(parts, key=lambda p: p[1].memory.total)
     return graph, replace(peak, seconds=sum(c.seconds for _, c in parts), flops=sum(c.flops for _, c in parts),
                           bytes_accessed=sum(c.bytes_accessed for _, c in parts))
+
+
+def format_side_by_side(results: list[Checked], memory: HostMemory, wall: float, jobs: int) -> str:
+    """The compiles' wall time against their sum, and the host memory each one running at once took."""
+    total = sum(r.compiled.seconds for r in results)
+    at_once = min(jobs, len(results))
+    return (f"side by side: {len(results)} steps, up to {at_once} at once (--jobs {jobs}): {wall:.0f} s of wall time "
+            f"for {total:.0f} s of compiling; host memory {memory.before / GiB:.1f} GiB before, peak "
+            f"{memory.peak / GiB:.1f} GiB with {memory.most_at_once} at once, about {memory.per_compile / GiB:.2f} GiB "
+            "per concurrent compile (each extra job adds about that much)")
 
 
 def largest_fitting_rows(target: Target, cfg: Config, n_days: int, backend: TraceBackend, shape: BucketShape,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 
@@ -74,6 +75,15 @@ class Compiled:
         return "fits" if self.fits else self.refusal or self.tight
 
 
+_TOPOLOGY_LOCK = threading.Lock()  # graphs compile side by side (b2t.tpu.side_by_side): one libtpu init
+
+
+def topology(target: Target):
+    """libtpu's compile-only devices of `target`, described once per process (thread-safe)."""
+    with _TOPOLOGY_LOCK:
+        return _topology(target)
+
+
 @functools.cache
 def _topology(target: Target):
     """libtpu's compile-only devices of `target` (no TPU, no network)."""
@@ -104,7 +114,7 @@ def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...], resident: i
     from jax._src import compiler
     from jax._src.lib import xla_client
 
-    devices = _topology(target).devices
+    devices = topology(target).devices
     if len(devices) != target.chips:
         raise RuntimeError(f"libtpu describes {len(devices)} devices for {target.name}, expected {target.chips}")
     module = _stablehlo(hlo, donors, arg_shardings or {})

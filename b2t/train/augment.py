@@ -81,11 +81,14 @@ def shift_start(features: Tensor, n_time_steps: Tensor, cut: Tensor) -> tuple[Te
     Returns the shifted features, zero at and beyond each new length, and the new lengths
     `max(n - cut, 0)` in the dtype of `n_time_steps`.
     """
-    B, T, n_feat = features.shape
+    B, T, _ = features.shape
     cut = cut.to(n_time_steps.dtype)
     t = torch.arange(T, dtype=torch.int64, device=features.device)
     src = (t[None, :] + cut.to(torch.int64)[:, None]).clamp(max=T - 1)  # (B, T) source bin of each bin
-    shifted = torch.gather(features, 1, src[:, :, None].expand(B, T, n_feat))  # (B, T, F)
+    rows = torch.arange(B, dtype=torch.int64, device=features.device)[:, None]  # (B, 1)
+    # whole bins, B*T indices: an element-wise gather's (B, T, F) indices cost the TPU compiler
+    # seconds of index packing and relayout (tools/compile_parts.py); the values are the same
+    shifted = features[rows, src]  # (B, T, F)
     n_new = (n_time_steps - cut).clamp(min=0)
     return _zero_beyond(shifted, n_new), n_new
 

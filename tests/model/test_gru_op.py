@@ -93,8 +93,14 @@ def test_without_masks_it_is_torch_gru():
     torch.testing.assert_close(gru_stack(case[1], case[2], gru_weights(case[0]), None), y_module, rtol=0, atol=0)
 
 
-def test_inside_openxla_matches_the_lazy_scan():
-    case = _case(3, 9, 6, 5, 2, True, 3)
+@pytest.mark.parametrize(("layers", "loops"), [(2, 4), (5, 6)])
+def test_inside_openxla_matches_the_lazy_scan_whose_upper_layers_share_one_loop(layers, loops):
+    """Lazily and inside openxla, the values and gradients of torch's GRU. From two layers above
+    the first on, XLA runs those as one while-loop over the layers, forward and backward (the
+    compiler builds one such layer, not L-1 copies), so the graph's loops do not grow with the
+    layers: 2 layers, a time loop each way per layer (4); 5 layers, the first layer's time loop,
+    the loop over layers and its time loop, each way (6, not 10)."""
+    case = _case(3, 9, 6, 5, layers, True, 3)
     lazy = _outputs(gru_stack, case, DEVICE)
     try:
         compiled = _outputs(torch.compile(gru_stack, backend="openxla"), case, DEVICE)
@@ -102,6 +108,9 @@ def test_inside_openxla_matches_the_lazy_scan():
         torch._dynamo.reset()
     for got, want in zip(compiled, lazy):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for got, want in zip(lazy, _outputs(gru_stack, case, CPU)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert _while_loops(gru_stack, case) == loops
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 5, 4, 2), (4, 12, 9, 6, 3)])
@@ -166,3 +175,16 @@ def test_the_cpu_kernel_projects_the_input_of_all_steps_in_one_matmul():
         got = native_layers(padded, h0, weights, keep)[-1]
     assert "bmm" not in ops.seen, sorted(ops.seen)
     torch.testing.assert_close(got, gru_stack(x, h0, weights, keep), rtol=0, atol=0)
+
+
+def _while_loops(fn, case) -> int:
+    """While-loops in the XLA graph of fn's output and every gradient."""
+    gru, x, h0, keep, weight = case
+    gru = copy.deepcopy(gru).to(DEVICE)
+    xs, hs = x.to(DEVICE).requires_grad_(True), h0.to(DEVICE).requires_grad_(True)
+    y = fn(xs, hs, gru_weights(gru), keep.to(DEVICE))
+    (y * weight.to(DEVICE)).sum().backward()
+    hlo = torch_xla._XLAC._get_xla_tensors_hlo([y, xs.grad, hs.grad, *(w.grad for w in gru_weights(gru))])
+    torch_xla.sync()
+    return hlo.count(" while(")
+
