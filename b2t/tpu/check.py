@@ -21,6 +21,7 @@ from b2t.contract import BucketShape
 from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
 from b2t.tpu.compiler import Compiled, compile_for
 from b2t.tpu.targets import GiB, Target
+from b2t.train.warmup_progress import CompileEstimates
 
 MiB = 1024**2
 
@@ -49,8 +50,16 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
         dump = Path(tmp)
         prepare_process(target.chips, dump)
         backend = trace_backend(replace(mesh, data=devices // mesh.fsdp))
-        results = [check_graph(target, cfg, n_days, backend, kind, shape, dump, report)
-                   for shape in buckets for kind in ("train", "eval")]
+        graphs = [(kind, shape) for shape in buckets for kind in ("train", "eval")]
+        estimates, results = CompileEstimates(), []
+        report("\n".join(_table_head(target, cfg, devices)))
+        for k, (kind, shape) in enumerate(graphs, start=1):
+            expected = estimates.estimate(f"{kind} T={shape.T}", kind)
+            checked = check_graph(target, cfg, n_days, backend, kind, shape, dump, report,
+                                  counter=f"{k}/{len(graphs)}", expected=expected)
+            estimates.observe(kind, f"T={shape.T}", checked.compiled.seconds)
+            results.append(checked)
+            report(_row(checked, target))  # each bucket's row as soon as it is compiled
         text = format_report(target, cfg, devices, results)
         if fit:
             longest = max(buckets, key=lambda b: b.T)
@@ -60,14 +69,16 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
 
 
 def check_graph(target: Target, cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: BucketShape,
-                dump: Path, report: Callable[[str], None]) -> Checked:
+                dump: Path, report: Callable[[str], None], counter: str = "", expected: str | None = None) -> Checked:
     """Trace one graph of the run and compile it for `target`; a train graph also gets the
-    shape model's estimate (`b2t.train.plan.step_bytes`) for comparison."""
+    shape model's estimate (`b2t.train.plan.step_bytes`) for comparison. `counter` (`3/8`) and
+    `expected` (its expected compile time) go into the progress line."""
     from b2t.train.plan import step_bytes, weight_layout
 
     report(f"tracing the {kind} step of bucket T={shape.T} B={shape.B}")
     graph = trace(cfg, n_days, backend, kind, shape, dump)
-    report(f"compiling the {kind} step of bucket T={shape.T} B={shape.B} for {target.name}")
+    report(f"compiling {counter + ': ' if counter else ''}the {kind} step of bucket T={shape.T} B={shape.B} for "
+           f"{target.name}{f' ({expected})' if expected else ''}")
     compiled = compile_for(target, graph.hlo, graph.donors)
     devices = target.chips
     planned = None
@@ -98,28 +109,34 @@ def _mib(n: int) -> str:
     return f"{n / MiB:9.1f}"
 
 
+def _table_head(target: Target, cfg: Config, devices: int) -> list[str]:
+    chip, m = target.chip, cfg.mesh
+    return [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
+            f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
+            "graphs: the trainer's --backend xla train step and eval step per bucket, traced on "
+            f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
+            "(libtpu)",
+            "",
+            f"{'per chip, MiB':22s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'total':>9s}"
+            f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
+
+
+def _row(r: Checked, target: Target) -> str:
+    """One graph's line of the table: memory per chip, compile time, the planner's estimate, the verdict."""
+    g, c = r.graph, r.compiled
+    name = f"{g.kind:5s} T={g.bucket.T} B={g.rows}"
+    planned = f"{r.planned / MiB:9.0f}" if r.planned is not None else f"{'':9s}"
+    if c.memory is None:
+        return f"{name:22s}{'':54s}{'':8s}{c.seconds:8.1f}s{planned}  {c.refusal}"
+    mem = c.memory
+    return (f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
+            f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / target.chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  "
+            f"{'fits' if c.fits else c.refusal}")
+
+
 def format_report(target: Target, cfg: Config, devices: int, results: list[Checked]) -> str:
     chip = target.chip
-    m = cfg.mesh
-    lines = [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
-             f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
-             "graphs: the trainer's --backend xla train step and eval step per bucket, traced on "
-             f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
-             "(libtpu)",
-             "",
-             f"{'per chip, MiB':22s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'total':>9s}"
-             f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
-    for r in results:
-        g, c = r.graph, r.compiled
-        name = f"{g.kind:5s} T={g.bucket.T} B={g.rows}"
-        planned = f"{r.planned / MiB:9.0f}" if r.planned is not None else f"{'':9s}"
-        if c.memory is None:
-            lines.append(f"{name:22s}{'':54s}{'':8s}{c.seconds:8.1f}s{planned}  {c.refusal}")
-            continue
-        mem = c.memory
-        lines.append(f"{name:22s}{_mib(mem.arguments)}{_mib(mem.outputs)}{_mib(mem.aliased)}{_mib(mem.temp)}"
-                     f"{_mib(mem.code)}{_mib(mem.total)}{mem.total / chip.hbm:7.1%} {c.seconds:7.1f}s{planned}  "
-                     f"{'fits' if c.fits else c.refusal}")
+    lines = _table_head(target, cfg, devices) + [_row(r, target) for r in results]
     refused = [r for r in results if not r.compiled.fits]
     if refused:
         r = refused[0]
