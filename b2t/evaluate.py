@@ -188,7 +188,7 @@ class Evaluator:
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
         """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the
         recipe training uses too)."""
-        report = WarmUpReport.for_backend(self.backend, enabled=progress)
+        report = WarmUpReport.for_backend(self.backend, bar=progress)
         warm_up(self.stepper, manifest.buckets, report, log_probs=log_probs)
         report.close(len(manifest.buckets))
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from b2t.progress import duration
+
 Points = list[tuple[int, float]]
 
 
@@ -229,9 +231,9 @@ def _headline(runs: list[RunCurves]) -> str:
         if isinstance(best, (int, float)):
             parts.append(f"best val PER {best:.4f} at step {s.get('best_step')}")
         if isinstance(times.get("median_step_s"), (int, float)):
-            parts.append(f"{1 / times['median_step_s']:.2f} steps/s")
+            parts.append(f"median {1 / times['median_step_s']:.2f} steps/s")
         if isinstance(times.get("wall"), (int, float)) and isinstance(times.get("warm_up"), (int, float)):
-            parts.append(f"run time {times['wall'] / 60:.1f} min (warm-up {times['warm_up'] / 60:.1f})")
+            parts.append(f"run time {duration(times['wall'])} (warm-up {duration(times['warm_up'])})")
         if run.resumes:
             parts.append(f"resumed at step {', '.join(map(str, run.resumes))}")
         lines.append(", ".join(parts))

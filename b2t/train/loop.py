@@ -270,7 +270,7 @@ def warm_up(run: Run, opts: RunOptions) -> CompileStats:
                       seconds=round(seconds, 3))
 
     progress = WarmUpReport.for_backend(run.backend, estimates=CompileEstimates.from_records(read_records(run.log.path)),
-                                        record=record, enabled=opts.progress and run.layout.is_main)
+                                        record=record, enabled=run.layout.is_main, bar=opts.progress)
 
     def report(piece: Piece | None) -> None:
         check_compiles(run, opts, f"in the warm-up, before the {piece or 'loop'}")

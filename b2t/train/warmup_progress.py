@@ -89,14 +89,16 @@ class WarmUpReport:
     last line; inductor's graphs are not counted, so its lines give times only.
 
     `compilations`: the backend's XLA compile counter (None off XLA); `record(piece, graphs,
-    seconds)` stores each finished piece (metrics.jsonl)."""
+    seconds)` stores each finished piece (metrics.jsonl); `enabled`: print anything (False on a
+    data-parallel run's other ranks); `bar`: the live bar on a terminal (off with --no-progress)."""
 
     def __init__(self, backend_name: str, compilations: Callable[[], int | None], *,
                  estimates: CompileEstimates | None = None,
-                 record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True) -> None:
+                 record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True,
+                 bar: bool = True) -> None:
         self.backend_name, self.compilations = backend_name, compilations
         self.estimates = estimates or CompileEstimates()
-        self.record, self.enabled = record, enabled
+        self.record, self.enabled, self.show_bar = record, enabled, bar
         self.compiles = backend_name != "eager"
         self.bar: tqdm | None = None
         self.open: dict[Piece, tuple[float, int | None]] = {}  # started pieces: (start time, counter then)
@@ -116,7 +118,7 @@ class WarmUpReport:
     def started(self, piece: Piece) -> None:
         if self.bar is None:
             self.bar = progress_bar(total=piece.total, unit="piece", leave=False, bar_format="{desc}",
-                                    disable=not (self.enabled and self.compiles and sys.stderr.isatty()))
+                                    disable=not (self.enabled and self.show_bar and self.compiles and sys.stderr.isatty()))
         self.open[piece] = (time.perf_counter(), self.compilations())
         if not (self.enabled and self.compiles):
             return

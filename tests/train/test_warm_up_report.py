@@ -4,6 +4,9 @@ frames when the output is not a terminal."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pytest
 
 from b2t.contract import BucketShape
@@ -101,3 +104,19 @@ def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one
         (x * 7.25 - 0.5).cpu()  # a graph no other test compiles; the second time it is cached
     report(None)
     assert graphs == [1, 0]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_sees_what_compiles_now_in_the_bar_and_keeps_the_end_lines(capsys, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    counter = Counter()
+    run_warm_up(WarmUpReport("openxla", counter), counter, [3, 1, 2, 1, 0, 1])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"compiled {k}/6" for k in range(1, 7)] + ["warm-up"]
+    assert "compiling 1/6: train step, bucket T=126 B=16 (the first compile can take minutes)" in terminal.getvalue()
+    assert "compiling 3/6: train step, bucket T=254 B=8 (about " in terminal.getvalue()
