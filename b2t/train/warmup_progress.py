@@ -77,6 +77,7 @@ class CompileEstimates:
 
 
 def _duration(seconds: float) -> str:
+    """A rough expected time: `49 s`, `1.7 min`."""
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
@@ -96,7 +97,7 @@ class WarmUpReport:
                  estimates: CompileEstimates | None = None,
                  record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True,
                  bar: bool = True) -> None:
-        self.backend_name, self.compilations = backend_name, compilations
+        self.compilations = compilations
         self.estimates = estimates or CompileEstimates()
         self.record, self.enabled, self.show_bar = record, enabled, bar
         self.compiles = backend_name != "eager"

@@ -6,6 +6,7 @@ and of a resumed run drawn from the real records."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -39,7 +40,7 @@ def runs(tiny_dataset, tmp_path_factory):
     _, shards = tiny_dataset
     root = tmp_path_factory.mktemp("account")
     two = _train(shards, root / "two", 2)
-    _train(shards, root / "resumed", 2)
+    shutil.copytree(root / "two", root / "resumed")  # the same 2 steps, then resumed to 3
     resumed = _train(shards, root / "resumed", 3, "--resume")
     return shards, root / "two", root / "resumed", two, resumed
 
