@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -82,8 +81,13 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
     """Train a phoneme decoder (model.family: the reference GRU, or the noise-separating
     three-GRU model) on DATASET (a b2t-preprocess output) into RUN_DIR.
 
-    Every bucket shape is compiled before the first step ("compiling bucket T=..."), after
-    which no step compiles again. It first prints the device it found. RUN_DIR receives
+    It first prints the device it found, then compiles every graph of the run before the
+    first step (the warm-up), one numbered line per piece as it starts, "compiling 3/9: train
+    step, bucket T=246 B=16 (about 49 s, as last time)", and one as it ends, "compiled 3/9:
+    ...: 2 graphs, 50.0 s"; after it no step compiles again. Steps/s and the ETA count the
+    steps after the warm-up only; the end prints where the time went, the best validation,
+    the checkpoints and the next commands. A --resume of a finished run compiles nothing and
+    prints that summary again. RUN_DIR receives
     last.safetensors (resumable), best.safetensors (lowest validation PER), metrics.jsonl
     (losses, PER per session, XLA compilations and host fallbacks) and tensorboard/ (the
     same as TensorBoard events); `b2t-report RUN_DIR` plots them into a PNG.
@@ -121,12 +125,10 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
                                                            init_from=init_from, verify_data=verify_data))
     except (ConfigError, TrainingError, FileNotFoundError, ValueError) as e:
         fail(str(e))
-    if summary["rank"] != 0:
-        return
-    final = summary["final"]
-    click.echo(f"done: {summary['steps']} steps, best val PER {summary['best_per']:.4f} at step {summary['best_step']}")
-    click.echo(f"XLA compilations: {final['compilations']} ({summary['buckets']} buckets); "
-               f"host fallbacks: {json.dumps(final['fallbacks']) if final['fallbacks'] else 'none'}")
+    if summary["rank"] == 0:
+        from b2t.train.summary import format_summary
+
+        click.echo(format_summary(summary))
 
 
 def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> str:

@@ -412,9 +412,24 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Config:
-    """Read a YAML config (None = all defaults; `base:` resolved), apply overrides, validate."""
+    """Read a YAML config (None = all defaults; `base:` resolved), apply overrides, validate.
+
+    An error is blamed where it is: on the file when the file alone is invalid, else on the
+    first `--set` that breaks the config on its own, else on the overrides together (some
+    are only valid together, such as a batch size and its row multiple)."""
     raw = read_config_file(path) if path is not None else {}
+    overrides = list(overrides)
     try:
         return config_from_dict(apply_overrides(raw, overrides))
     except ConfigError as e:
+        error = e
+    try:
+        config_from_dict(raw)
+    except ConfigError as e:
         raise ConfigError(f"{path or 'defaults'}: {e}") from None
+    for item in overrides:
+        try:
+            config_from_dict(apply_overrides(raw, [item]))
+        except ConfigError as e:
+            raise ConfigError(f"--set {item}: {e}") from None
+    raise ConfigError(f"--set {' --set '.join(overrides)} (together): {error}") from None

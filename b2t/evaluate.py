@@ -28,7 +28,8 @@ from b2t.text import normalize_text
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
 from b2t.train.step import Stepper
-from b2t.train.warmup import WarmUpReport, warm_up
+from b2t.train.warmup import warm_up
+from b2t.train.warmup_progress import WarmUpReport
 from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
 
@@ -187,10 +188,9 @@ class Evaluator:
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
         """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the
         recipe training uses too)."""
-        with progress_bar(total=0, bar_format="{desc}", disable=not progress) as bar:
-            report = WarmUpReport(bar, self.backend)
-            warm_up(self.stepper, manifest.buckets, report, log_probs=log_probs)
-            report("")
+        report = WarmUpReport.for_backend(self.backend, bar=progress)
+        warm_up(self.stepper, manifest.buckets, report, log_probs=log_probs)
+        report.close(len(manifest.buckets))
 
     def run(self, dataset: str | Path, split: str, *, log_probs: bool = False,
             progress: bool = True) -> tuple[list[TrialResult], CompileCount]:

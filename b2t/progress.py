@@ -40,3 +40,12 @@ def progress_bar(iterable: Any = None, *, disable: bool = False, **kwargs: Any) 
     if disable or stream.isatty():
         return tqdm(iterable, disable=disable, dynamic_ncols=True, **kwargs)
     return tqdm(iterable, file=_Lines(stream), mininterval=LOG_INTERVAL, ncols=100, **kwargs)
+
+
+def duration(seconds: float) -> str:
+    """`12.3 s` under a minute, else `m:ss` or `h:mm:ss`: how long a phase took, for a person."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

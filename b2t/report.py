@@ -1,17 +1,20 @@
-"""`b2t-report RUN`: a PNG of a run's learning curves and per-session PER, from metrics.jsonl.
+"""`b2t-report RUN [RUN ...]`: a PNG of runs' learning curves, from their metrics.jsonl.
 
-Four panels: train and validation CTC loss, validation PER overall and per session (the
-competition's aggregate, total edits over total reference length), the learning rates,
-and steps/s with the gradient norm. matplotlib's Agg backend draws it, so no display is
-needed; the PNG is written atomically (RUN/report.png unless -o says otherwise). Where a
-resumed run logged a step twice, the later record counts. Only well-formed records are
-plotted (`b2t.train.metrics_log.record_problem`); the lines skipped are counted and named.
+Six panels (drawn by `b2t.report_figure`): CTC loss, train and validation, on a log scale;
+validation PER overall and per session (the competition's aggregate, total edits over total
+reference length); PER (and with `--eval`, b2t-eval's PER and WER) per session at the end;
+the learning rates of the main and the day layers; steps/s; the gradient norm. x is the
+step, with the run's own time (`elapsed_s`) as a second axis on top, and every resume is
+marked. Several RUNs are overlaid, one colour each. matplotlib's Agg backend draws it, so
+no display is needed; the PNG is written atomically (RUN/report.png unless -o says
+otherwise). Where a resumed run logged a step twice, the later record counts. Only
+well-formed records are plotted (`b2t.train.metrics_log.record_problem`); the lines skipped
+are counted and named.
 """
 
 from __future__ import annotations
 
-import io
-from collections import defaultdict
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +22,63 @@ import click
 
 from b2t.atomic import atomic_write_bytes
 from b2t.cli_errors import Command, UserError
+from b2t.report_figure import Points, RunCurves, render
 from b2t.train.metrics_log import scan_records, skipped_summary
 
 METRICS, REPORT = "metrics.jsonl", "report.png"
 
 
-def curves(records: list[dict[str, Any]]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """panel -> series name -> (step, value) points, sorted by step, one per step (the last logged)."""
-    by_step: dict[tuple[str, int], dict[str, Any]] = {}
+_TRAIN = {"loss/train": "loss", "lr": "lr", "lr_day": "lr_day", "steps_per_s": "steps_per_s", "grad_norm": "grad_norm"}
+_VAL = {"loss/val": "loss", "per": "per"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def curves(records: list[dict[str, Any]], name: str = "") -> RunCurves:
+    """The report's view of a run's records, in the order they were logged."""
+    out = RunCurves(name)
+    points: dict[str, dict[int, float]] = {}
+    sessions: dict[str, dict[int, float]] = {}
+    clock: dict[int, float] = {}
+    step = 0  # the step the run is at, for records without one (a warm-up's end)
     for r in records:
-        if r.get("kind") in ("train", "val") and isinstance(r.get("step"), int):
-            by_step[(r["kind"], r["step"])] = r
-    out: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-
-    def put(panel: str, name: str, step: int, value: Any) -> None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[panel][name][step] = float(value)
-
-    for (kind, step), r in by_step.items():
-        if kind == "train":
-            put("CTC loss", "train", step, r.get("loss"))
-            put("learning rate", "main", step, r.get("lr"))
-            put("learning rate", "day layers", step, r.get("lr_day"))
-            put("steps/s and grad norm", "steps/s", step, r.get("steps_per_s"))
-            put("steps/s and grad norm", "grad norm", step, r.get("grad_norm"))
-        else:
-            put("CTC loss", "val", step, r.get("loss"))
-            put("validation PER", "all sessions", step, r.get("per"))
+        kind = r.get("kind")
+        if _number(r.get("step")):
+            step = int(r["step"])
+        if kind == "resume":
+            out.resumes.append(step)
+        if kind == "summary":
+            out.summary = r
+        if kind in ("train", "val") or (kind == "compile" and r.get("phase") == "warm-up"):
+            if _number(r.get("elapsed_s")):
+                clock[step] = float(r["elapsed_s"])  # the last record of a step: after its warm-up, its log
+        if kind not in ("train", "val"):
+            continue
+        for name_, key in (_TRAIN if kind == "train" else _VAL).items():
+            if _number(r.get(key)):
+                points.setdefault(name_, {})[step] = float(r[key])
+        if kind == "val":
             for session, g in ((r.get("per_session") or {}).get("groups") or {}).items():
-                put("validation PER", session, step, g.get("rate"))
-    return {panel: {name: sorted(points.items()) for name, points in series.items()}
-            for panel, series in out.items()}
+                if _number(g.get("rate")):
+                    sessions.setdefault(session, {})[step] = float(g["rate"])
+    out.series = {k: sorted(v.items()) for k, v in points.items()}
+    out.sessions = {k: sorted(v.items()) for k, v in sorted(sessions.items())}
+    out.clock = _increasing(sorted(clock.items()))
+    out.resumes = sorted(set(out.resumes))
+    return out
 
 
-def load_curves(run_dir: Path) -> tuple[dict[str, dict[str, list[tuple[int, float]]]], str | None]:
+def _increasing(points: Points) -> Points:
+    """`points` with each time at least the one before (a resume's kept records end before its restart)."""
+    out: Points = []
+    for step, t in points:
+        out.append((step, max(t, out[-1][1]) if out else t))
+    return out
+
+
+def load_curves(run_dir: Path) -> tuple[RunCurves, str | None]:
     """(`curves` of the well-formed records of RUN/metrics.jsonl, a note on the lines skipped or None)."""
     path = run_dir / METRICS
     if not path.is_file():
@@ -60,51 +86,56 @@ def load_curves(run_dir: Path) -> tuple[dict[str, dict[str, list[tuple[int, floa
         raise UserError(f"{path} {what}: RUN must be a b2t-train run directory")
     records, skipped = scan_records(path)
     note = skipped_summary(path, skipped) if skipped else None
-    panels = curves(records)
-    if not panels:
+    run = curves(records, str(run_dir))
+    if run.empty:
         raise UserError(f"{path} holds no well-formed train or val records: nothing to plot"
                         + (f"; {note}" if note else ""))
-    return panels, note
+    return run, note
 
 
-def render(run_dir: Path, panels: dict[str, dict[str, list[tuple[int, float]]]]) -> bytes:
-    """The report PNG of `run_dir`'s curves (from `load_curves`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = ["CTC loss", "validation PER", "learning rate", "steps/s and grad norm"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8), constrained_layout=True)
-    for ax, panel in zip(axes.flat, names):
-        series = panels.get(panel, {})
-        for name, points in series.items():
-            steps, values = zip(*points)
-            overall = name in ("all sessions", "train", "main", "steps/s")
-            ax.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3,
-                    linewidth=2.0 if overall else 0.8, alpha=1.0 if overall else 0.7, label=name)
-        ax.set_title(panel if series else f"{panel} (not logged)")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if series:
-            ax.legend(fontsize=7, ncol=2 if len(series) > 8 else 1)
-    fig.suptitle(str(run_dir))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+def load_eval(directory: Path, runs: list[tuple[Path, RunCurves]]) -> None:
+    """Attach DIR/summary.json (a `b2t-eval --out DIR`) to the run whose checkpoint it evaluated."""
+    path = directory / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} not found: --eval takes a b2t-eval --out directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a b2t-eval summary ({e})") from None
+    checkpoint = summary.get("checkpoint") if isinstance(summary, dict) else None
+    if not isinstance(checkpoint, str):
+        raise UserError(f"{path}: not a b2t-eval summary (no checkpoint named)")
+    for run_dir, run in runs:
+        if Path(checkpoint).resolve().parent == run_dir.resolve():
+            run.evals.append({**summary, "from": str(directory)})
+            return
+    raise UserError(f"{path} evaluated {checkpoint}, a checkpoint of none of the runs given "
+                    f"({', '.join(str(r) for r, _ in runs)})")
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("run_dir", metavar="RUN", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("run_dirs", metavar="RUN...", nargs=-1, required=True,
+                type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=f"PNG to write [default: RUN/{REPORT}].")
-def main(run_dir: Path, output: Path | None) -> None:
-    """Plot RUN's learning curves (losses, validation PER overall and per session, learning
-    rates, steps/s and gradient norm) from RUN/metrics.jsonl into a PNG."""
-    output = output or run_dir / REPORT
-    panels, note = load_curves(run_dir)
-    if note:
-        click.secho(f"warning: {note}: the report plots the other records", fg="yellow", err=True)
-    atomic_write_bytes(output, render(run_dir, panels))
+              help=f"PNG to write [default: RUN/{REPORT} for one RUN; required for several].")
+@click.option("--eval", "evals", multiple=True, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
+              help="A b2t-eval --out directory of one RUN's checkpoint: its PER and WER per session are drawn "
+                   "beside the validation PER (repeatable, e.g. once per split).")
+def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...]) -> None:
+    """Plot the learning curves of RUN (losses, validation PER overall and per session,
+    learning rates, steps/s, gradient norm) from RUN/metrics.jsonl into a PNG; several RUNs
+    are overlaid for comparison."""
+    if output is None:
+        if len(run_dirs) > 1:
+            raise UserError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
+        output = run_dirs[0] / REPORT
+    runs = []
+    for run_dir in run_dirs:
+        run, note = load_curves(run_dir)
+        if note:
+            click.secho(f"warning: {note}: the report plots the other records", fg="yellow", err=True)
+        runs.append((run_dir, run))
+    for directory in evals:
+        load_eval(directory, runs)
+    atomic_write_bytes(output, render([run for _, run in runs]))
     click.echo(f"wrote {output}")

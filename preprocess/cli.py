@@ -114,6 +114,10 @@ def summary(report: PrepareReport) -> str:
     lines.append(f"exclusions: {len(m.exclusions)}" +
                  (f" (listed in {report.out / MANIFEST_NAME})" if m.exclusions else ""))
     wrote = "nothing left to write"
+    if report.unchanged:
+        lines.append(f"time: {len(m.sources)} source files and {len(m.shards)} shards unchanged since {MANIFEST_NAME} "
+                     f"(sha256 checked in {report.scan_seconds:.1f} s): nothing to scan, {wrote}")
+        return "\n".join(lines)
     if report.written_trials:
         rate = report.written_trials / max(report.write_seconds, 1e-9)
         wrote = f"wrote {report.written_trials} trials in {report.write_seconds:.1f} s ({rate:.0f} trials/s)"

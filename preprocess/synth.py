@@ -144,7 +144,7 @@ def read_spec(out: Path) -> SynthSpec | None:
     return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-@click.command(cls=Command)
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--sessions", default=SynthSpec.sessions, show_default=True, help="Session directories (days).")
 @click.option("--train-trials", default=SynthSpec.train_trials, show_default=True, help="Per session.")

@@ -353,6 +353,7 @@ class PrepareReport:
     scan_seconds: float
     write_seconds: float
     written_trials: int  # valid rows in the shards written by this run
+    unchanged: bool = False  # a finished dataset of the same inputs: checked by hashes, nothing scanned
 
 
 def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[str] = SPLITS, skip_bad: bool = False,
@@ -365,6 +366,12 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
     with locked(out), pool as executor:
         check_output(out, config, splits, overwrite=overwrite)
         t0 = time.perf_counter()
+        kept = unchanged_dataset(src, out, config, splits, skip_bad=skip_bad)
+        if kept is not None:
+            remove_stale_temps(out)  # left by a run that was killed mid-write
+            return PrepareReport(out=out, manifest=kept, written=0, reused=len(kept.shards), scanned_trials=0,
+                                 scan_seconds=time.perf_counter() - t0, write_seconds=0.0, written_trials=0,
+                                 unchanged=True)
         scan = scan_sources(src, splits, skip_bad=skip_bad, executor=executor, progress=progress)
         layout = plan_layout(scan.refs, config.data, config.model)
         tasks = shard_tasks(layout.plans, config.data.batches_per_shard)
@@ -398,6 +405,37 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
     return PrepareReport(out=out, manifest=manifest, written=len(pending), reused=len(tasks) - len(pending),
                          scanned_trials=len(scan.refs), scan_seconds=scan_seconds, write_seconds=write_seconds,
                          written_trials=sum(t.n_trials for t in pending))
+
+
+def unchanged_dataset(src: Path, out: Path, config: Config, splits: Sequence[str], *,
+                      skip_bad: bool) -> Manifest | None:
+    """OUT's manifest when a finished run made it from exactly these inputs: the same config,
+    splits and sessions, every source file the same (path, size, sha256) and every shard as
+    listed (size, sha256). A re-run then takes as long as hashing the files, not validating
+    every trial again (33 s for the realistic demo data, 360 trials on 2 cores). None when
+    anything differs, and when trials were excluded without --skip-bad now (the scan decides
+    whether they still are bad)."""
+    state = _read_state(out)
+    try:
+        manifest = Manifest.load(out)
+    except (FileNotFoundError, ValueError):
+        return None
+    same_config = json.dumps(manifest.config, sort_keys=True) == json.dumps(config.shard_shaping(), sort_keys=True)
+    if state is None or list(state.get("splits", [])) != list(splits) or not same_config:
+        return None
+    if manifest.exclusions and not skip_bad:
+        return None
+    sessions = discover_sessions(src)
+    if [s.session for s in sessions] != manifest.sessions or session_warnings(src, sessions) != manifest.warnings:
+        return None
+    files = [s.files[split] for s in sessions for split in splits if split in s.files]
+    if [os.path.relpath(f, src) for f in files] != [s["path"] for s in manifest.sources]:
+        return None
+    if any(f.stat().st_size != s["bytes"] for f, s in zip(files, manifest.sources)):
+        return None
+    if any(file_fingerprint(f)["sha256"] != s["sha256"] for f, s in zip(files, manifest.sources)):
+        return None
+    return None if manifest.shard_problems(out, tuple(splits), sha256=True) else manifest
 
 
 def build_manifest(config: Config, scan: Scan, layout: Layout, shards: Sequence[ShardEntry]) -> Manifest:

@@ -287,7 +287,7 @@ def test_a_refused_preprocess_leaves_no_lock_file(small, tmp_path):
 @pytest.fixture
 def no_plot(monkeypatch):
     """b2t-report without matplotlib (seconds per figure): these tests are about what it reads."""
-    monkeypatch.setattr(report, "render", lambda run_dir, panels: json.dumps(panels).encode())
+    monkeypatch.setattr(report, "render", lambda runs: json.dumps([run.series for run in runs]).encode())
 
 
 def _report(run: Path) -> tuple[int, str]:
@@ -302,7 +302,7 @@ def test_11_report_skips_malformed_lines_and_says_so(tmp_path, no_plot):
              json.dumps(good[2])]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     code, output = _report(tmp_path)
-    assert code == 0 and [step for step, _ in json.loads((tmp_path / "r.png").read_text())["CTC loss"]["train"]] == [1, 2, 3]
+    assert code == 0 and [step for step, _ in json.loads((tmp_path / "r.png").read_text())[0]["loss/train"]] == [1, 2, 3]
     assert "2 lines of" in output and "line 2: not JSON" in output and "line 4: per is 'abc', not a number" in output
 
 

@@ -41,6 +41,22 @@ def test_usage_errors_exit_2(name, args):
     assert "Traceback" not in result.output
 
 
+def help_invocations() -> list[tuple[str, list[str]]]:
+    """Each command line (group subcommands included) with -h."""
+    cases = []
+    for name in sorted(COMMANDS):
+        command = COMMANDS[name].load()
+        subs = [[]] + ([[s] for s in command.commands] if isinstance(command, click.Group) else [])
+        cases += [(name, [*sub, "-h"]) for sub in subs]
+    return cases
+
+
+@pytest.mark.parametrize(("name", "args"), help_invocations(), ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_every_command_takes_dash_h(name, args):
+    result = CliRunner().invoke(COMMANDS[name].load(), args)
+    assert result.exit_code == 0 and "Usage:" in result.output, (name, args, result.output)
+
+
 def test_input_errors_exit_2(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")

@@ -1,6 +1,8 @@
 """The config schema: the shipped YAML files load, unknown keys fail with a hint, overrides parse."""
 
 
+import re
+
 import pytest
 
 from b2t.config import CONFIG_DIR, Config, ConfigError, load_config
@@ -80,3 +82,16 @@ def test_type_errors_from_a_yaml_file_name_the_file(tmp_path):
     p.write_text("train:\n  log_every: [1, 2]\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: train\.log_every=\[1, 2\] \(list\): expected an integer"):
         load_config(p)
+
+
+def test_a_bad_override_is_blamed_on_the_override_not_the_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--set train\.stepz=5: unknown key in section 'train' 'stepz'; "
+                                          r"did you mean 'steps'"):
+        load_config(CONFIGS / "tiny.yaml", ["train.steps=7", "train.stepz=5"])
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  stpes: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}: unknown key"):
+        load_config(p, ["train.steps=7"])
+    assert load_config(CONFIGS / "tiny.yaml", ["data.row_multiple=2", "data.batch_size=10"]).data.batch_size == 10
+    with pytest.raises(ConfigError, match=r"^--set data\.row_multiple=8 --set data\.batch_size=12 \(together\): "):
+        load_config(CONFIGS / "tiny.yaml", ["data.row_multiple=8", "data.batch_size=12"])  # each alone is valid

@@ -50,7 +50,7 @@ def train_family(shards: Path, run: Path, config: Path, backend: str, steps: int
     device = "cpu" if backend in ("eager", "inductor") else None
     summary = train(shards, run, cfg, RunOptions(progress=False, device=device))
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["steps_per_s"] for r in records if r["kind"] == "train"][1:]  # the first interval holds start-up
+    rates = [r["steps_per_s"] for r in records if r["kind"] == "train"]  # stepping time only (b2t.train.rates)
     n_days = len(Manifest.load(shards).sessions)
     return {"per": summary["best_per"], "steps_per_s": statistics.median(rates),
             "params": count_parameters(cfg.model, n_days)["total"], "compilations": summary["final"]["compilations"]}

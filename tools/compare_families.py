@@ -90,7 +90,7 @@ def train_run(shards: Path, run: Path, variant: str, seed: int, steps: int, val_
         train(shards, run, load_config(config, sets), RunOptions(progress=False, device="cpu"))
         wall = time.perf_counter() - start
     records = _records(run)
-    rates = [r["steps_per_s"] for r in records if r["kind"] == "train"][1:]  # the first interval holds start-up
+    rates = [r["steps_per_s"] for r in records if r["kind"] == "train"]  # stepping time only (b2t.train.rates)
     val = {r["step"]: r["per"] for r in records if r["kind"] == "val"}
     return {"val_per": val, "per": val[max(val)], "steps_per_s": statistics.median(rates), "wall_s": wall}
 

@@ -60,7 +60,12 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
         prepare_process(target.chips, dump)
         backend = trace_backend(replace(mesh, data=devices // mesh.fsdp), cfg.train.backend)
         steps = [traced(cfg, n_days, backend, kind, shape, dump, report) for shape in buckets for kind in ("train", "eval")]
-        compiled, memory, wall = compile_all(target, steps, jobs, report)
+        report("\n".join(_table_head(target, cfg, devices)))
+
+        def done(i: int, compiled: list[Compiled]) -> None:  # each step's rows as soon as it is compiled
+            report("\n".join(_rows(checked(cfg, n_days, target, steps[i], compiled), target)))
+
+        compiled, memory, wall = compile_all(target, steps, jobs, report, done)
         results = [checked(cfg, n_days, target, parts, c) for parts, c in zip(steps, compiled)]
         text = format_report(target, cfg, devices, results) + "\n" + format_side_by_side(results, memory, wall, jobs)
         if fit:
@@ -143,6 +148,25 @@ def _mib(n: int) -> str:
     return f"{n / MiB:9.1f}"
 
 
+def _table_head(target: Target, cfg: Config, devices: int) -> list[str]:
+    chip, m = target.chip, cfg.mesh
+    return [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
+            f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
+            f"graphs: the trainer's --backend {cfg.train.backend} train step and eval step per bucket, traced on "
+            f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
+            "(libtpu)",
+            "",
+            f"{'per chip, MiB':26s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'live':>9s}{'total':>9s}"
+            f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
+
+
+def _rows(r: Checked, target: Target) -> list[str]:
+    """A step's lines of the table: the step (its peak module's memory), then under openxla each module."""
+    g = r.graph
+    return [_row(f"{g.kind:5s} T={g.bucket.T} B={g.rows}", r.compiled, target.chip.hbm, r.planned),
+            *(_row(f"  {part.part}", compiled, target.chip.hbm, None) for part, compiled in r.parts)]
+
+
 def _row(name: str, c: Compiled, hbm: int, planned: int | None) -> str:
     """One line of the report: per-chip MiB, share of HBM, compile seconds, planner, verdict."""
     plan = f"{planned / MiB:9.0f}" if planned is not None else f"{'':9s}"
@@ -155,21 +179,7 @@ def _row(name: str, c: Compiled, hbm: int, planned: int | None) -> str:
 
 def format_report(target: Target, cfg: Config, devices: int, results: list[Checked]) -> str:
     chip = target.chip
-    m = cfg.mesh
-    lines = [f"TPU check: {target.name} ({target.chips} x {chip.kind} chip, {chip.hbm / GiB:.0f} GiB HBM each, "
-             f"{target.hosts} host{'s' * (target.hosts > 1)}), mesh data={devices // m.fsdp},fsdp={m.fsdp}",
-             f"graphs: the trainer's --backend {cfg.train.backend} train step and eval step per bucket, traced on "
-             f"{devices} virtual CPU device{'s' * (devices > 1)} with placeholder weights, compiled by the TPU compiler "
-             "(libtpu)",
-             "",
-             f"{'per chip, MiB':26s}{'args':>9s}{'out':>9s}{'alias':>9s}{'temp':>9s}{'code':>9s}{'live':>9s}{'total':>9s}"
-             f"{'of HBM':>8s}{'compile':>9s}{'planner':>9s}  verdict"]
-    for r in results:
-        g = r.graph
-        name = f"{g.kind:5s} T={g.bucket.T} B={g.rows}"
-        lines.append(_row(name, r.compiled, chip.hbm, r.planned))
-        for part, compiled in r.parts:  # openxla: each module, the peak one's figures above
-            lines.append(_row(f"  {part.part}", compiled, chip.hbm, None))
+    lines = _table_head(target, cfg, devices) + [line for r in results for line in _rows(r, target)]
     refused = [r for r in results if r.compiled.memory is None or r.compiled.refusal]
     tight = [r for r in results if r.compiled.tight]
     if refused:

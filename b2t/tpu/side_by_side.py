@@ -108,27 +108,41 @@ def compile_step(target: Target, parts: Sequence[Graph]) -> list[Compiled]:
     return compiled
 
 
-def compile_all(target: Target, steps: Sequence[Sequence[Graph]], jobs: int,
-                report: Callable[[str], None]) -> tuple[list[list[Compiled]], HostMemory, float]:
+def compile_all(target: Target, steps: Sequence[Sequence[Graph]], jobs: int, report: Callable[[str], None],
+                done: Callable[[int, list[Compiled]], None] | None = None
+                ) -> tuple[list[list[Compiled]], HostMemory, float]:
     """Compile every step for `target`, up to `jobs` steps at once (a step's own modules one
     after another, `compile_step`); the results in `steps`' order, the host memory they took
-    and the wall seconds of the whole."""
+    and the wall seconds of the whole. Each compile's start is reported as k/N with an expected
+    time (the compiled steps of its kind so far), and `done(index, compiled)` is called as each
+    step finishes, so a caller can show its row at once."""
+    from b2t.train.warmup_progress import CompileEstimates
+
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
     jobs = min(jobs, len(steps)) or 1
     report(f"compiling {len(steps)} step{'s' * (len(steps) != 1)} for {target.name}, {jobs} at a time")
+    estimates, lock = CompileEstimates(), threading.Lock()
     t0 = time.perf_counter()
     with _Sampler() as sampler, ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tpu-compile") as pool:
-        def one(parts: Sequence[Graph]) -> list[Compiled]:
+        def one(index: int) -> list[Compiled]:
+            g = steps[index][0]
+            with lock:
+                expected = estimates.estimate(f"{g.kind} T={g.bucket.T}", g.kind)
+            report(f"compiling {index + 1}/{len(steps)}: the {g.kind} step of bucket T={g.bucket.T} B={g.rows}"
+                   f"{f' ({expected})' if expected else ''}")
             sampler.started()
             try:
-                compiled = compile_step(target, parts)
+                compiled = compile_step(target, steps[index])
             finally:
                 sampler.finished()
-            g = parts[0]
-            report(f"compiled the {g.kind} step of bucket T={g.bucket.T} B={g.rows}: "
-                   f"{sum(c.seconds for c in compiled):.1f} s")
+            seconds = sum(c.seconds for c in compiled)
+            with lock:
+                estimates.observe(g.kind, f"T={g.bucket.T}", seconds)
+            report(f"compiled the {g.kind} step of bucket T={g.bucket.T} B={g.rows}: {seconds:.1f} s")
+            if done is not None:
+                done(index, compiled)
             return compiled
 
-        results = list(pool.map(one, steps))
+        results = list(pool.map(one, range(len(steps))))
     return results, sampler.memory(), time.perf_counter() - t0

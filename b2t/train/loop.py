@@ -18,6 +18,7 @@ log to `metrics.rank<r>.jsonl`).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -44,7 +45,10 @@ from b2t.train.mesh import check_divisible, host_copy
 from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
+from b2t.train.rates import TRAINING, StepClock
 from b2t.train.step import TOTAL, Stepper
+from b2t.train.summary import finished_summary, run_times
+from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
 
 LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
 
@@ -107,6 +111,12 @@ def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     must be the one the checkpoint was trained with.
     """
     state = read_state(path)
+    _check_resumable(path, state, dataset, manifest, cfg)
+    return load_checkpoint(path, model, optimizer)
+
+
+def _check_resumable(path: Path, state: TrainState, dataset: Path, manifest: Manifest, cfg: Config) -> None:
+    """`path`'s state was trained on this dataset's data and sessions with this config (see `_resume_state`)."""
     trained_on = state.dataset.get("identity")
     if trained_on is not None and trained_on != manifest.identity():
         raise TrainingError(f"{path} was trained on the dataset at {state.dataset.get('path')} (identity "
@@ -122,7 +132,6 @@ def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     if saved != now:
         changed = sorted(k for k in now if saved.get(k) != now[k])
         raise TrainingError(f"{path} was trained with different {changed} settings: resume with the same config")
-    return load_checkpoint(path, model, optimizer)
 
 
 @dataclass
@@ -141,9 +150,9 @@ class Run:
     state: TrainState
     log: MetricsLog
     stream_cfg: StreamConfig
-    bar: tqdm
-    window: int = 0  # steps since the last loss read-back
-    window_started: float = field(default_factory=time.perf_counter)
+    progress: bool = True
+    clock: StepClock = field(default_factory=StepClock)  # steps/s from stepping time only (b2t.train.rates)
+    bar: tqdm | None = None  # the training bar, made after the warm-up so its rate and ETA hold steps only
 
     @property
     def has_val(self) -> bool:
@@ -158,40 +167,51 @@ class Run:
         _, norm = self.stepper.train_step(micro, self.state.step)
         self.state.step += 1
         self.state.batches += len(micro)
-        self.window += 1
+        self.clock.stepped()
         self.bar.update(1)
         return norm
 
     def log_losses(self, norm: torch.Tensor) -> None:
         """Read back the window's mean losses (the loop's host sync) and log them with the rates."""
-        losses = {k: v / self.window for k, v in self.stepper.take_losses().items()}
+        losses = self.stepper.take_losses()
+        window, seconds = self.clock.window()
+        losses = {k: v / window for k, v in losses.items()}
         mean_loss = losses.pop(TOTAL)
         if not math.isfinite(mean_loss):
             last = self.run_dir / LAST
-            raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - self.window + 1}.."
+            raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - window + 1}.."
                                 f"{self.state.step}: lower optim.lr or check the input features; last good "
                                 f"checkpoint: {last if last.exists() else 'none'}")
-        rate, o = self.window / (time.perf_counter() - self.window_started), self.cfg.optim
+        rate, o = window / seconds, self.cfg.optim
         self.log.write("train", step=self.state.step, loss=mean_loss, losses=losses, grad_norm=float(norm.cpu()),
-                       steps_per_s=rate, lr=lr_at(self.state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
+                       steps_per_s=rate, seconds=round(seconds, 3),
+                       lr=lr_at(self.state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
                        lr_day=lr_at(self.state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
                        **self.backend.stats().to_dict())
         self.bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
-        self.window, self.window_started = 0, time.perf_counter()
 
     def validate(self) -> None:
         """Greedy PER on every val trial; a new best PER writes `best.safetensors`."""
         batches = eval_batches(self.dataset, self.manifest, "val",
                                StreamConfig(seed=self.cfg.train.seed, num_workers=self.cfg.train.num_workers))
-        val = summarize(decode_batches(self.stepper.eval_step, batches)).to_dict()
-        self.log.write("val", step=self.state.step, **val)
+        t0 = time.perf_counter()
+        with self.clock.apart("validation"):
+            val = summarize(decode_batches(self.stepper.eval_step, batches)).to_dict()
+        self.log.write("val", step=self.state.step, **val, seconds=round(time.perf_counter() - t0, 3))
         self.bar.write(f"step {self.state.step}: val PER {val['per']:.4f}, loss {val['loss']:.3f}")
         if val["per"] < self.state.best_per:
             self.state.best_per, self.state.best_step = val["per"], self.state.step
-            save_checkpoint(self.run_dir / BEST, self.model, None, self.state)
+            with self.clock.apart("checkpoint"):
+                save_checkpoint(self.run_dir / BEST, self.model, None, self.state)
 
     def checkpoint(self) -> None:
-        save_checkpoint(self.run_dir / LAST, self.model, self.optimizer, self.state)
+        with self.clock.apart("checkpoint"):
+            save_checkpoint(self.run_dir / LAST, self.model, self.optimizer, self.state)
+
+    def start_bar(self) -> None:
+        """The training bar, from here: its rate and ETA count the steps after the warm-up only."""
+        self.bar = progress_bar(total=self.cfg.train.steps, initial=self.state.step, unit="step", desc="training",
+                                disable=not (self.progress and self.layout.is_main))
 
 
 def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions,
@@ -222,13 +242,13 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
         tqdm.write(init.summary())
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
                               num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
+    if opts.resume:
+        log.write("resume", step=state.step, checkpoint=str(run_dir / LAST))
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
               mesh=layout.mesh, compute=str(backend.compute_dtype(cfg.train.compute_dtype)).removeprefix("torch."),
               first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
-    bar = progress_bar(total=cfg.train.steps, initial=state.step, unit="step",
-                       disable=not (opts.progress and layout.is_main))
     return Run(dataset, run_dir, manifest, cfg, layout, backend, model, optimizer,
-               Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, bar)
+               Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, opts.progress)
 
 
 def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
@@ -242,29 +262,40 @@ def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
 
 
 def warm_up(run: Run, opts: RunOptions) -> CompileStats:
-    """Compile every bucket's train and eval graphs on all-padding batches, before the loop."""
-    progress = warmup.WarmUpReport(run.bar, run.backend)
+    """Compile every bucket's train and eval graphs on all-padding batches, before the loop; each
+    piece's time is recorded, and an earlier attempt's records give the expected times."""
 
-    def report(what: str) -> None:
-        check_compiles(run, opts, f"in the warm-up, before the {what or 'loop'}")
-        progress(what)
+    def record(piece: Piece, graphs: int | None, seconds: float) -> None:
+        run.log.write(PIECE_RECORD, piece=str(piece), index=piece.index, of=piece.total, graphs=graphs,
+                      seconds=round(seconds, 3))
 
+    progress = WarmUpReport.for_backend(run.backend, estimates=CompileEstimates.from_records(read_records(run.log.path)),
+                                        record=record, enabled=run.layout.is_main, bar=opts.progress)
+
+    def report(piece: Piece | None) -> None:
+        check_compiles(run, opts, f"in the warm-up, before the {piece or 'loop'}")
+        progress(piece)
+
+    run.clock.start("warm-up")
     warmup.warm_up(run.stepper, run.manifest.buckets, report)
-    report("")
+    seconds, _ = progress.close(len(run.manifest.buckets))
+    run.clock.start(TRAINING)
     warm = run.backend.stats()
-    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), **warm.to_dict(),
-                  donated=warm.donated, training_state=len(run.stepper.training_state()))
-    run.bar.set_description_str("training")
+    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), seconds=round(seconds, 3),
+                  **warm.to_dict(), donated=warm.donated, training_state=len(run.stepper.training_state()))
     return warm
 
 
 def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
-    """The run's summary (logged), after checking the compile budget."""
-    run.bar.close()
+    """The run's summary (logged; `b2t.train.summary` formats it), after checking the compile budget."""
+    if run.bar is not None:
+        run.bar.close()
     final = run.backend.stats()
     summary = {"steps": run.state.step, "best_per": run.state.best_per, "best_step": run.state.best_step,
                "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.manifest.buckets),
-               "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model)}
+               "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model),
+               "xla": run.backend.xla, "run_dir": str(run.run_dir), "dataset": str(run.dataset),
+               "times": run_times(read_records(run.log.path), run.log.elapsed())}
     run.log.write("summary", **summary)
     run.log.close()
     check_compiles(run, opts, "by the end of the run")
@@ -310,13 +341,25 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
     if opts.resume and not (run_dir / LAST).exists():
         tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
         opts = replace(opts, resume=False)
+    if opts.resume:
+        state = read_state(run_dir / LAST)
+        if state.step >= cfg.train.steps:  # finished: nothing to compile or train, the end summary again
+            _check_resumable(run_dir / LAST, state, dataset, manifest, cfg)
+            done = finished_summary(read_records(run_dir / METRICS), state.step)
+            if done is not None:
+                return done
     check_shards(dataset, manifest, sha256=opts.verify_data)
     layout, mesh, rank_device = make_layout(cfg.train.backend, cfg.mesh)
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
         run = start_run(dataset, run_dir, manifest, cfg, opts, layout, backend)
-        warm = warm_up(run, opts)
+        warm = warm_up(run, opts) if run.state.step < cfg.train.steps else run.backend.stats()
         stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
+        if run.state.step < cfg.train.steps:
+            with run.clock.apart("data start-up"):  # opening shards, filling the shuffle buffer: not a step's time
+                first = [next(stream) for _ in range(cfg.train.grad_accum)]
+            stream = itertools.chain(first, stream)
+        run.start_bar()
         while run.state.step < cfg.train.steps:
             norm = run.step(stream)
             if run.due(cfg.train.log_every):

@@ -11,12 +11,17 @@ null, so any JSON reader can load the file. The same records go to TensorBoard t
 A resumed run first drops the records (and hides the TensorBoard events) after its
 checkpoint's step, which it is about to log again, so a kill -9 and a rerun leave one
 record per step.
+
+Every record carries `time` (wall-clock, Unix seconds) and `elapsed_s`: seconds since the run
+started, counting an earlier attempt's time up to the last record a resume kept (the time
+between a kill and the resume is not counted), so it is the run's own time axis.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -143,11 +148,14 @@ class MetricsLog:
 
     def __init__(self, path: Path, *, tensorboard: bool, resume_step: int | None = None):
         self.path = path
+        self.started, self.offset = time.time(), 0.0
         if resume_step is None:
             path.unlink(missing_ok=True)
         elif path.exists():
             kept = [r for r in read_records(path) if r.get("step", 0) <= resume_step]
             atomic_write_text(path, "".join(self._line(r) for r in kept))
+            self.offset = max((r["elapsed_s"] for r in kept if isinstance(r.get("elapsed_s"), (int, float))),
+                              default=0.0)
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -160,10 +168,15 @@ class MetricsLog:
     def _line(record: dict[str, Any]) -> str:
         return json.dumps(finite_or_null(record), allow_nan=False) + "\n"
 
+    def elapsed(self) -> float:
+        """The run's seconds so far (the `elapsed_s` the next record gets)."""
+        return self.offset + time.time() - self.started
+
     def write(self, kind: str, **fields: Any) -> None:
+        stamps = {"time": round(time.time(), 3), "elapsed_s": round(self.elapsed(), 3)}
         try:
             with self.path.open("a") as f:
-                f.write(self._line({"kind": kind, **fields}))
+                f.write(self._line({"kind": kind, **fields, **stamps}))
         except OSError as e:  # a write or close (a full disk) names no file by itself
             if e.filename is None:
                 raise OSError(e.errno, e.strerror, str(self.path)) from e

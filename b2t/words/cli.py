@@ -21,7 +21,7 @@ def _read_corpus(path: Path) -> list[str]:
         raise UserError(f"{path}: not UTF-8 text (byte {e.start}): expected a corpus, one sentence per line") from e
 
 
-@click.group(cls=Group)
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Build the language model and lexicon the word decoder reads."""
 

@@ -122,6 +122,32 @@ def test_rerun_does_no_work(source, clean, tmp_path):
         {k: v for k, v in before.items() if k != STATE_NAME}
 
 
+class Scanned(Exception):
+    """Raised by a stand-in for scan_sources: the run went on to validate every trial."""
+
+
+def test_a_rerun_of_a_finished_dataset_scans_nothing_until_a_source_changes(source, clean, tmp_path, monkeypatch):
+    out, src = _copy(clean[0], tmp_path), tmp_path / "src"
+    shutil.copytree(source, src)  # the manifest names its sources relative to SRC
+
+    def scan(*args, **kwargs):
+        raise Scanned
+
+    monkeypatch.setattr(writer, "scan_sources", scan)
+    report = prepare_dataset(src, out, CONFIG, progress=False)
+    assert report.unchanged and (report.written, report.reused) == (0, len(report.manifest.shards))
+    assert report.manifest.to_json() == clean[1].manifest.to_json()
+    victim = next(src.rglob("data_val.hdf5"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes: only the sha256 can tell
+    victim.write_bytes(bytes(data))
+    with pytest.raises(Scanned):
+        prepare_dataset(src, out, CONFIG, progress=False)
+    victim.write_bytes(bytes(data[:-1]))  # another size
+    with pytest.raises(Scanned):
+        prepare_dataset(src, out, CONFIG, progress=False)
+
+
 @pytest.mark.parametrize("damage", ["delete_shard", "stray_temp", "no_manifest", "corrupt_shard"])
 def test_resume_completes_like_a_clean_run(source, clean, tmp_path, damage):
     out = _copy(clean[0], tmp_path)

@@ -25,7 +25,7 @@ def test_non_finite_values_are_written_as_null(tmp_path):
     log.write("train", step=1, loss=float("nan"), grad_norm=float("inf"), extra=[1.0, float("-inf")])
     log.write("summary", best_per=float("inf"), nested={"x": float("nan")})
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    records = [_strict(line) for line in lines]
+    records = [{k: v for k, v in _strict(line).items() if k not in ("time", "elapsed_s")} for line in lines]
     assert records[0] == {"kind": "train", "step": 1, "loss": None, "grad_norm": None, "extra": [1.0, None]}
     assert records[1] == {"kind": "summary", "best_per": None, "nested": {"x": None}}
     assert finite_or_null({"a": (0.5, float("nan"))}) == {"a": [0.5, None]}
@@ -61,3 +61,23 @@ def test_a_resumed_log_drops_what_comes_after_its_checkpoint(tmp_path):
         ("layout", None, None), ("train", 2, 1.0), ("train", 4, 1.0), ("train", 6, 0.5)]
     MetricsLog(path, tensorboard=False)  # a fresh start: nothing of the replaced run is kept
     assert not path.exists()
+
+
+def test_every_record_has_a_wall_clock_time_and_the_runs_own_time_across_a_resume(tmp_path, monkeypatch):
+    """elapsed_s goes on from the last record a resume kept: the run's time, without the time between
+    a kill and the restart; `time` is the wall clock."""
+    import b2t.train.metrics_log as metrics_log
+
+    now = [1000.0]
+    monkeypatch.setattr(metrics_log.time, "time", lambda: now[0])
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path, tensorboard=False)
+    for step in (2, 4, 6):
+        now[0] += 10
+        log.write("train", step=step, loss=1.0)
+    now[0] += 3600  # killed after step 6, restarted an hour later from the checkpoint at step 4
+    resumed = MetricsLog(path, tensorboard=False, resume_step=4)
+    now[0] += 5
+    resumed.write("resume", step=4)
+    assert [(r["step"], r["time"], r["elapsed_s"]) for r in read_records(path)] == [
+        (2, 1010.0, 10.0), (4, 1020.0, 20.0), (4, 4635.0, 25.0)]

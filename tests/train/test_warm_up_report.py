@@ -1,63 +1,93 @@
-"""The warm-up's progress lines: one per piece that compiled, none for cached graphs, and no
-progress-bar frames when the output is not a terminal."""
+"""The warm-up's progress lines: numbered per piece as it starts and as it ends, expected times
+from an earlier attempt or the same kind's last piece, a record per piece, no progress-bar
+frames when the output is not a terminal."""
 
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
+import sys
 
 import pytest
-from tqdm import tqdm
 
-from b2t.train.warmup import WarmUpReport
+from b2t.contract import BucketShape
+from b2t.train.warmup import warm_up_pieces
+from b2t.train.warmup_progress import CompileEstimates, Piece, WarmUpReport
 
-
-class FakeBackend:
-    """A backend whose compile counter the test moves (XLA counts graphs; eager compiles none)."""
-
-    def __init__(self, name: str = "openxla", xla: bool = True) -> None:
-        self.name, self.xla, self.compiled = name, xla, 0
-
-    def stats(self) -> SimpleNamespace:
-        return SimpleNamespace(compilations=self.compiled)
+BUCKETS = [BucketShape(T=126, B=16, L=8), BucketShape(T=254, B=8, L=8)]
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
+class Counter:
+    """The compile counter the test moves (XLA counts graphs; None: a compiler that is not counted)."""
+
+    def __init__(self, counted: bool = True) -> None:
+        self.n, self.counted = 0, counted
+
+    def __call__(self) -> int | None:
+        return self.n if self.counted else None
 
 
-def run_warm_up(backend: FakeBackend, stream: io.StringIO, capsys) -> tuple[list[str], str]:
-    """Three pieces: the first compiles 3 graphs, the second (a cache hit) none, the third 1."""
-    with tqdm(total=0, bar_format="{desc}", file=stream) as bar:
-        report = WarmUpReport(bar, backend)
-        for what, graphs in (("train step, bucket T=126 B=16", 3), ("eval step again, bucket T=126 B=16", 0),
-                             ("eval step, bucket T=254 B=8", 1)):
-            report(what)
-            backend.compiled += graphs
-        report("")
-    return capsys.readouterr().out.splitlines(), stream.getvalue()
+def run_warm_up(report: WarmUpReport, counter: Counter, graphs: list[int]) -> None:
+    for piece, n in zip(warm_up_pieces(BUCKETS, train=True), graphs):
+        report(piece)
+        counter.n += n
+    report(None)
+    report.close(len(BUCKETS))
 
 
-def test_one_line_per_piece_that_compiled_and_no_frames_when_piped(capsys):
-    lines, frames = run_warm_up(FakeBackend(), io.StringIO(), capsys)
-    assert [line.rsplit(",", 1)[0] for line in lines] == [
-        "compiled train step, bucket T=126 B=16: 3 graphs", "compiled eval step, bucket T=254 B=8: 1 graph"]
-    assert "compiling" not in frames, "a piped bar shows no live description"
+def test_pieces_are_numbered_in_the_order_the_warm_up_runs_them():
+    pieces = warm_up_pieces(BUCKETS, train=True)
+    assert [(p.counter, str(p)) for p in pieces] == [
+        ("1/6", "train step, bucket T=126 B=16"), ("2/6", "eval step, bucket T=126 B=16"),
+        ("3/6", "train step, bucket T=254 B=8"), ("4/6", "eval step, bucket T=254 B=8"),
+        ("5/6", "eval step again, bucket T=126 B=16"), ("6/6", "eval step again, bucket T=254 B=8")]
+    assert [p.kind for p in warm_up_pieces(BUCKETS, train=False)] == ["eval step"] * 2 + ["eval step again"] * 2
 
 
-def test_a_terminal_also_sees_what_compiles_now(capsys):
-    lines, frames = run_warm_up(FakeBackend(), Terminal(), capsys)
-    assert len(lines) == 2
-    assert "compiling train step, bucket T=126 B=16 (the first compile can take minutes)" in frames
-    assert "compiling eval step, bucket T=254 B=8" in frames
+def test_piped_lines_say_k_of_n_as_each_piece_starts_and_ends(capsys):
+    counter, records = Counter(), []
+    report = WarmUpReport("openxla", counter, record=lambda p, g, s: records.append((p.counter, g)))
+    run_warm_up(report, counter, [3, 1, 2, 1, 0, 1])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "compiling 1/6: train step, bucket T=126 B=16 (the first compile can take minutes)"
+    assert lines[1].startswith("compiled 1/6: train step, bucket T=126 B=16: 3 graphs, ")
+    assert lines[4].startswith("compiling 3/6: train step, bucket T=254 B=8 (about ") and "as T=126's" in lines[4]
+    assert lines[9].startswith("compiled 5/6: eval step again, bucket T=126 B=16: no new graph (cached), ")
+    assert lines[-1].startswith("warm-up: 8 graphs for 2 buckets in ")
+    assert len(lines) == 2 * 6 + 1
+    assert records == [("1/6", 3), ("2/6", 1), ("3/6", 2), ("4/6", 1), ("5/6", 0), ("6/6", 1)]
 
 
-@pytest.mark.parametrize(("backend", "n_lines"), [(FakeBackend("inductor", xla=False), 3),
-                                                  (FakeBackend("eager", xla=False), 0)])
-def test_uncounted_compilers_report_each_piece_and_eager_none(capsys, backend, n_lines):
-    lines, _ = run_warm_up(backend, io.StringIO(), capsys)
-    assert len(lines) == n_lines and all(line.startswith("compiled ") for line in lines)
+def test_an_earlier_attempts_times_are_the_expected_ones(capsys):
+    earlier = [{"kind": "compiled", "piece": "train step, bucket T=254 B=8", "graphs": 2, "seconds": 49.0},
+               {"kind": "compiled", "piece": "eval step, bucket T=254 B=8", "graphs": 0, "seconds": 0.1},  # a cache hit
+               {"kind": "train", "step": 3}]
+    estimates = CompileEstimates.from_records(earlier)
+    piece = Piece("train step", 254, 8, 3, 6)
+    assert estimates.estimate(str(piece), piece.kind) == "about 49 s, as last time"
+    assert estimates.estimate("eval step, bucket T=254 B=8", "eval step") is None, "a cache hit predicts nothing"
+    estimates.observe("eval step", "T=126", 100.0)
+    assert estimates.estimate("eval step, bucket T=254 B=8", "eval step") == "about 1.7 min, as T=126's"
+
+
+@pytest.mark.parametrize(("backend", "counted", "n_lines"), [("inductor", False, 13), ("eager", False, 1)])
+def test_uncounted_compilers_give_times_only_and_eager_one_line(capsys, backend, counted, n_lines):
+    counter = Counter(counted)
+    run_warm_up(WarmUpReport(backend, counter), counter, [1] * 6)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == n_lines
+    assert "graph" not in " ".join(lines)
+    if backend == "eager":
+        assert lines[0].startswith("warm-up: nothing to compile (eager) for 2 buckets in ")
+    else:
+        assert lines[1].startswith("compiled 1/6: train step, bucket T=126 B=16: ") and lines[1].endswith(" s")
+
+
+def test_disabled_reports_still_record(capsys):
+    counter, records = Counter(), []
+    run_warm_up(WarmUpReport("xla", counter, record=lambda p, g, s: records.append(g), enabled=False), counter,
+                [1, 1, 1, 1, 0, 0])
+    assert capsys.readouterr().out == ""
+    assert records == [1, 1, 1, 1, 0, 0]
 
 
 def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one(capsys):
@@ -67,10 +97,26 @@ def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one
 
     backend = make_backend("xla")
     x = torch.arange(21.0).reshape(7, 3).to(backend.device)
-    with tqdm(total=0, bar_format="{desc}", file=io.StringIO()) as bar:
-        report = WarmUpReport(bar, backend)
-        for what in ("a new graph", "the same graph again"):
-            report(what)
-            (x * 7.25 - 0.5).cpu()  # a graph no other test compiles; the second time it is cached
-        report("")
-    assert [line.rsplit(",", 1)[0] for line in capsys.readouterr().out.splitlines()] == ["compiled a new graph: 1 graph"]
+    graphs = []
+    report = WarmUpReport("xla", lambda: backend.stats().compilations, record=lambda p, g, s: graphs.append(g))
+    for i in (1, 2):
+        report(Piece("a graph", 7, 3, i, 2))
+        (x * 7.25 - 0.5).cpu()  # a graph no other test compiles; the second time it is cached
+    report(None)
+    assert graphs == [1, 0]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_sees_what_compiles_now_in_the_bar_and_keeps_the_end_lines(capsys, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    counter = Counter()
+    run_warm_up(WarmUpReport("openxla", counter), counter, [3, 1, 2, 1, 0, 1])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"compiled {k}/6" for k in range(1, 7)] + ["warm-up"]
+    assert "compiling 1/6: train step, bucket T=126 B=16 (the first compile can take minutes)" in terminal.getvalue()
+    assert "compiling 3/6: train step, bucket T=254 B=8 (about " in terminal.getvalue()
