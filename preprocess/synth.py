@@ -48,6 +48,7 @@ from preprocess.synth_core import (
     SynthSpec,
     SynthSummary,
     SynthTrial,
+    WordModel,
     _rng,
     build_word_model,
     generate_trials,
@@ -68,6 +69,7 @@ __all__ = [
     "preset_spec",
     "read_spec",
     "session_days",
+    "split_sentences",
     "SPEC_NAME",
     "SynthSpec",
     "TRUTH_PARTS",
@@ -85,15 +87,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
     """
     lexicon = load_lexicon()
     model = build_word_model(list(lexicon), _rng(spec.seed, 0))
-    generate: Callable[[int, str], Iterator[SynthTrial]]
-    if spec.preset == "realistic":
-        from preprocess import synth_realistic  # it builds on this module's helpers
-
-        tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
-        generate = partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
-    else:
-        generate = partial(generate_trials, spec, model=model, lexicon=lexicon,
-                           patterns=phoneme_patterns(_rng(spec.seed, 1)))
+    generate = _trial_generator(spec, model, lexicon)
     lengths: list[int] = []
     label_lens: list[int] = []
     used: set[str] = set()
@@ -133,6 +127,29 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
         words=len(used),
         bytes=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
     )
+
+
+def _trial_generator(spec: SynthSpec, model: WordModel,
+                     lexicon: dict[str, tuple[int, ...]]) -> Callable[[int, str], Iterator[SynthTrial]]:
+    """(day, split) -> that split's trials of that session, as the spec's preset makes them."""
+    if spec.preset == "realistic":
+        from preprocess import synth_realistic  # it builds on this module's helpers
+
+        tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
+        return partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
+    return partial(generate_trials, spec, model=model, lexicon=lexicon, patterns=phoneme_patterns(_rng(spec.seed, 1)))
+
+
+def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], str]:
+    """(session, block, trial) -> sentence of every trial of `split`, drawn again from the spec.
+
+    The test files carry no sentences, as the competition's; this is how a submission on
+    synthetic data is scored all the same (the trials are regenerated, features and all).
+    """
+    lexicon = load_lexicon()
+    generate = _trial_generator(spec, build_word_model(list(lexicon), _rng(spec.seed, 0)), lexicon)
+    return {(session, t.block, t.trial): " ".join(t.words)
+            for day, session in enumerate(session_names(spec)) for t in generate(day, split)}
 
 
 def read_spec(out: Path) -> SynthSpec | None:
