@@ -1,0 +1,193 @@
+"""Words as the field gets them, measured on `b2t-synth --preset realistic`: val and test WER of
+greedy phonemes spelled into words, the n-gram beam at its default weights, the same beam with
+its weights tuned on val, the n-best rescored by a small causal LM (weights tuned with it), and
+an ensemble of the seeds' checkpoints; the time each stage adds per 100 trials.
+
+Steps, each kept in WORKDIR and skipped when done (a re-run resumes):
+1. the realistic preset (5 sessions, --val-trials/--test-trials per session) and its tiny-recipe
+   shards (`tools/compare_families.make_dataset`); a 3-gram KenLM binary of its corpus
+   (`b2t-lm build`); a tiny GPT-2 trained on the same corpus (`tools/tiny_causal_lm.py`);
+2. the tiny GRU trained --steps steps per seed, eager, f32 (`compare_families.train_run`);
+3. per seed and for the ensemble of all seeds, `b2t-eval` run as a user runs it: on val
+   `--spell`, `--lm --tune` and `--lm --rescore --tune` (each writing weights.json), then on test
+   `--spell`, `--lm`, `--lm --weights` and `--lm --rescore --weights` with the val weights.
+The test files carry no sentences (as the competition's); the test WER scores each run's
+decoded words against the sentences the synth drew (`preprocess.synth.split_sentences`).
+Every b2t-eval run's summary.json holds its stage times; WORKDIR/results.jsonl one line per run.
+
+    python tools/bench_words.py --workdir /tmp/bench_words --steps 250 --seeds 0 --seeds 1 --seeds 2
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from b2t.metrics import ErrorRate
+from b2t.text import words_of
+
+BIN = Path(sys.executable).parent
+RUNS: dict[str, tuple[str, list[str], str | None]] = {
+    # name -> (split, b2t-eval options, the val run whose weights.json it applies)
+    "val_spell": ("val", ["--spell"], None),
+    "val_ngram": ("val", ["--lm", "{lm}", "--tune"], None),
+    "val_rescored": ("val", ["--lm", "{lm}", "--rescore", "{causal_lm}", "--tune"], None),
+    "test_spell": ("test", ["--spell"], None),
+    "test_ngram_default": ("test", ["--lm", "{lm}"], None),
+    "test_ngram_tuned": ("test", ["--lm", "{lm}"], "val_ngram"),
+    "test_rescored": ("test", ["--lm", "{lm}", "--rescore", "{causal_lm}"], "val_rescored"),
+}
+
+
+def _run(cmd: list[str]) -> float:
+    """Run a b2t command; its wall time. A failure stops the benchmark with the command's output."""
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}\n{done.stderr}")
+    return time.perf_counter() - start
+
+
+def prepare(work: Path, steps: int, seeds: list[int], val_trials: int, test_trials: int,
+            lm_steps: int) -> tuple[Path, Path, dict[str, list[Path]]]:
+    """Dataset, n-gram LM, causal LM and the trained checkpoints; the models to evaluate by name."""
+    from tools.compare_families import make_dataset, train_run
+    from tools.tiny_causal_lm import train_causal_lm
+
+    hdf5, shards = make_dataset(work, "words", 4, val_trials=val_trials, test_trials=test_trials)
+    if not (work / "lm.bin").exists():
+        _run([str(BIN / "b2t-lm"), "build", str(hdf5 / "corpus.txt"), "-o", str(work / "lm.bin")])
+    if not (work / "causal_lm" / "config.json").exists():
+        start = time.perf_counter()
+        train_causal_lm((hdf5 / "corpus.txt").read_text().splitlines(), work / "causal_lm", steps=lm_steps,
+                        width=128)
+        print(f"causal LM: {lm_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    models = {}
+    for seed in seeds:
+        run = work / "runs" / f"gru-{seed}-{steps}"
+        result = train_run(shards, run, "gru", seed, steps, steps, False)
+        print(f"seed {seed}: val PER {result['per']:.4f} after {steps} steps "
+              f"({result['steps_per_s']:.2f} steps/s)", flush=True)
+        models[f"seed {seed}"] = [run / "best.safetensors"]
+    if len(seeds) > 1:
+        models[f"ensemble of {len(seeds)}"] = [m for ms in list(models.values()) for m in ms]
+    return hdf5, shards, models
+
+
+def test_wer(out: Path, sentences: dict[tuple[str, int, int], str]) -> float:
+    """WER of a test run's decoded words against the sentences the synth drew."""
+    wer = ErrorRate()
+    for line in (out / "trials.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        wer.add(t["session"], words_of(t["decoded_words"]), words_of(sentences[(t["session"], t["block"], t["trial"])]))
+    return wer.rate()
+
+
+def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]) -> list[dict[str, Any]]:
+    from preprocess.synth import read_spec, split_sentences
+
+    log = work / "results.jsonl"
+    done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    sentences = split_sentences(read_spec(hdf5), "test")
+    paths = {"lm": str(work / "lm.bin"), "causal_lm": str(work / "causal_lm")}
+    for model, checkpoints in models.items():
+        tag = model.replace(" ", "_")
+        for name, (split, options, weights_from) in RUNS.items():
+            if any(r["model"] == model and r["run"] == name for r in done):
+                continue
+            out = work / "eval" / tag / name
+            cmd = [str(BIN / "b2t-eval"), *map(str, checkpoints), str(shards), "--split", split,
+                   "--backend", "eager", "--lexicon", str(hdf5 / "lexicon.txt"),
+                   *(o.format(**paths) for o in options), "--out", str(out), "--no-progress"]
+            if weights_from is not None:
+                cmd += ["--weights", str(work / "eval" / tag / weights_from / "weights.json")]
+            wall = _run(cmd)
+            summary = json.loads((out / "summary.json").read_text())
+            row = {"model": model, "run": name, "split": split, "wall_s": wall, "trials": summary["n_trials"],
+                   "seconds": summary["seconds"], "per": summary["per"],
+                   "members_per": [m["per"] for m in summary["members"]],
+                   "wer": summary["wer"] if split == "val" else test_wer(out, sentences),
+                   "tune": summary["tune"], "command": " ".join(cmd)}
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            done.append(row)
+            print(f"{model} {name}: WER {row['wer']:.4f} ({wall:.0f} s)", flush=True)
+    return done
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.mean(values)
+    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
+    return f"{mean:.3f}{spread} ({' / '.join(f'{v:.3f}' for v in values)})" if len(values) > 1 else f"{mean:.3f}"
+
+
+def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
+    seeds = [m for m in models if m.startswith("seed")]
+    ensembles = [m for m in models if not m.startswith("seed")]
+
+    def get(model: str, run: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["model"] == model and r["run"] == run), None)
+
+    def wers(ms: list[str], run: str, default: bool = False) -> list[float]:
+        found = [get(m, run) for m in ms]
+        return [r["tune"]["default"]["wer"] if default else r["wer"] for r in found if r is not None]
+
+    lines = [("greedy phonemes spelled (--spell)", "val_spell", False, "test_spell"),
+             ("n-gram beam, default weights", "val_ngram", True, "test_ngram_default"),
+             ("n-gram beam, tuned on val", "val_ngram", False, "test_ngram_tuned"),
+             ("+ rescored by the causal LM, tuned on val", "val_rescored", False, "test_rescored")]
+    print(f"| words | val WER, {', '.join(seeds)} | test WER | " + " | ".join(
+        f"{e}: val WER | test WER" for e in ensembles) + " |")
+    print("|---|---|---|" + "---|---|" * len(ensembles))
+    for label, val_run, default, test_run in lines:
+        cells = [_cell(wers(seeds, val_run, default)), _cell(wers(seeds, test_run))]
+        for e in ensembles:
+            cells += [_cell(wers([e], val_run, default)), _cell(wers([e], test_run))]
+        print(f"| {label} | {' | '.join(cells)} |")
+    for e in ensembles:
+        r = get(e, "val_spell")
+        if r is not None:
+            members = ", ".join(f"{p:.4f}" for p in r["members_per"])
+            print(f"\nval PER: {e} {r['per']:.4f}; its members {members} (best {min(r['members_per']):.4f})")
+    print("\nseconds per 100 trials (mean over runs; model = the checkpoint(s) over the split, with warm-up):\n")
+    print("| model | run | model | words | rescoring (load) | tuning | b2t-eval wall |")
+    print("|---|---|---|---|---|---|---|")
+    for model in models:
+        for run in RUNS:
+            r = get(model, run)
+            if r is None:
+                continue
+            per100 = {k: 100 * v / r["trials"] for k, v in r["seconds"].items()}
+            load = r["seconds"].get("rescore_load")
+            rescoring = f"{per100['rescore']:.2f} ({load:.1f} s)" if "rescore" in per100 else "-"
+            print(f"| {model} | {run} | {per100['model']:.2f} | {per100.get('words', 0):.2f} | {rescoring} | "
+                  f"{per100.get('tune', 0):.2f} | {100 * r['wall_s'] / r['trials']:.1f} |")
+
+
+@click.command()
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Dataset, LMs, runs, evaluations and results.jsonl (kept: a re-run resumes).")
+@click.option("--steps", default=250, show_default=True, help="Optimizer steps per training run.")
+@click.option("--seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True, help="train.seed values.")
+@click.option("--val-trials", default=40, show_default=True, help="Val trials per session (5 sessions).")
+@click.option("--test-trials", default=40, show_default=True, help="Test trials per session.")
+@click.option("--lm-steps", default=1500, show_default=True, help="Training steps of the causal LM.")
+def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, lm_steps: int) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps)
+    rows = evaluate(workdir, hdf5, shards, models)
+    print()
+    print_tables(rows, list(models))
+
+
+if __name__ == "__main__":
+    main()
