@@ -224,7 +224,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
               help="Device of the --rescore LM [default: cuda when there is one (bf16), else cpu (f32)].")
 @click.option("--tune", is_flag=True,
               help=f"Search lm_weight, word_score (and neural_weight with --rescore) for the lowest WER over the "
-                   f"split's n-best lists (no new search per point; the beam's own weights are one point); writes "
+                   f"split's n-best lists (no new search per point; the untuned weights are a point and win ties); writes "
                    f"--out DIR/{WEIGHTS_NAME} for --weights.")
 @click.option("--weights", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Search and choose with the weights --tune wrote (its beam settings and n-best size too).")
@@ -236,7 +236,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
                    "loaded from DIR (on TPU and GPU runtimes; the CPU runtime only writes them).")
 @click.pass_context
 def eval_main(ctx: click.Context, **p: Any) -> None:
-    """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT: PER, and words with a lexicon.
+    """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT(s): PER, and words with a lexicon.
 
     Every batch runs once through the training step's fixed-shape eval graph, compiled once
     per bucket before the first batch. Several checkpoints (same sessions and patching) are

@@ -13,7 +13,8 @@ Steps, each kept in WORKDIR and skipped when done (a re-run resumes):
    `--spell`, `--lm`, `--lm --weights` and `--lm --rescore --weights` with the val weights.
 The test files carry no sentences (as the competition's); the test WER scores each run's
 decoded words against the sentences the synth drew (`preprocess.synth.split_sentences`).
-Every b2t-eval run's summary.json holds its stage times; WORKDIR/results.jsonl one line per run.
+Every b2t-eval run's summary.json holds its stage times; WORKDIR/results.jsonl one line per run
+(runs of other --steps in the same WORKDIR share its dataset and LMs).
 
     python tools/bench_words.py --workdir /tmp/bench_words --steps 250 --seeds 0 --seeds 1 --seeds 2
 """
@@ -90,15 +91,15 @@ def test_wer(out: Path, sentences: dict[tuple[str, int, int], str]) -> float:
     return wer.rate()
 
 
-def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]) -> list[dict[str, Any]]:
+def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int) -> list[dict[str, Any]]:
     from preprocess.synth import read_spec, split_sentences
 
     log = work / "results.jsonl"
-    done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    done = [r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == steps] if log.exists() else []
     sentences = split_sentences(read_spec(hdf5), "test")
     paths = {"lm": str(work / "lm.bin"), "causal_lm": str(work / "causal_lm")}
     for model, checkpoints in models.items():
-        tag = model.replace(" ", "_")
+        tag = f"{steps}-{model.replace(' ', '_')}"
         for name, (split, options, weights_from) in RUNS.items():
             if any(r["model"] == model and r["run"] == name for r in done):
                 continue
@@ -110,7 +111,7 @@ def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]
                 cmd += ["--weights", str(work / "eval" / tag / weights_from / "weights.json")]
             wall = _run(cmd)
             summary = json.loads((out / "summary.json").read_text())
-            row = {"model": model, "run": name, "split": split, "wall_s": wall, "trials": summary["n_trials"],
+            row = {"model": model, "steps": steps, "run": name, "split": split, "wall_s": wall, "trials": summary["n_trials"],
                    "seconds": summary["seconds"], "per": summary["per"],
                    "members_per": [m["per"] for m in summary["members"]],
                    "wer": summary["wer"] if split == "val" else test_wer(out, sentences),
@@ -184,7 +185,7 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
 def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, lm_steps: int) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps)
-    rows = evaluate(workdir, hdf5, shards, models)
+    rows = evaluate(workdir, hdf5, shards, models, steps)
     print()
     print_tables(rows, list(models))
 

@@ -25,6 +25,8 @@ import torch
 from b2t.text import words_of
 
 END, UNK = "<|endoftext|>", "<unk>"
+CONTEXT = 256
+"""Positions the model embeds: longer than any hypothesis of a trial (the beam may write more words than the corpus)."""
 
 
 def train_causal_lm(sentences: Sequence[str], out: Path, *, steps: int = 300, seed: int = 0, layers: int = 2,
@@ -39,6 +41,8 @@ def train_causal_lm(sentences: Sequence[str], out: Path, *, steps: int = 300, se
     lines = [words for s in sentences if (words := words_of(s))]
     if not lines:
         raise ValueError("the corpus has no words to train on")
+    if max(map(len, lines)) + 2 > CONTEXT:
+        raise ValueError(f"a corpus sentence is longer than the model's context of {CONTEXT} tokens")
     vocab = {t: i for i, t in enumerate([END, UNK, *sorted({w for line in lines for w in line})])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -46,7 +50,7 @@ def train_causal_lm(sentences: Sequence[str], out: Path, *, steps: int = 300, se
                                    pad_token=END)
     rows = [[vocab[END], *(vocab[w] for w in line), vocab[END]] for line in lines]
     width_tokens = max(map(len, rows))
-    config = GPT2Config(vocab_size=len(vocab), n_positions=max(width_tokens, 8), n_embd=width, n_layer=layers,
+    config = GPT2Config(vocab_size=len(vocab), n_positions=CONTEXT, n_embd=width, n_layer=layers,
                         n_head=2, bos_token_id=vocab[END], eos_token_id=vocab[END], pad_token_id=vocab[END])
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)

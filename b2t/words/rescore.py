@@ -87,6 +87,7 @@ class CausalLMScorer:
         if self._start is None:
             raise ValueError(f"{self.path}: its tokenizer has neither a BOS nor an EOS token to start a sentence with")
         self._end = tok.eos_token_id
+        self.context: int | None = getattr(self.model.config, "max_position_embeddings", None)  # tokens
 
     def token_ids(self, sentence: str) -> list[int]:
         """`sentence`'s tokens between the start token and the EOS (when the tokenizer has one)."""
@@ -95,6 +96,9 @@ class CausalLMScorer:
             ids.insert(0, self._start)
         if self._end is not None and (len(ids) == 1 or ids[-1] != self._end):
             ids.append(self._end)
+        if self.context is not None and len(ids) > self.context:
+            raise ValueError(f"{self.path}: a hypothesis of {len(ids)} tokens ({sentence[:60]!r}...) is longer than "
+                             f"the model's context of {self.context} tokens: rescore with a model of a longer context")
         return ids
 
     @torch.inference_mode()
@@ -120,6 +124,10 @@ class CausalLMScorer:
             tokens[r, :len(row)] = torch.tensor(row)
             mask[r, :len(row)] = 1
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        logits = self.model(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()  # (B, L-1, V)
+        try:
+            logits = self.model(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()  # (B, L-1, V)
+        except RuntimeError as e:  # torch.OutOfMemoryError, mostly
+            raise ValueError(f"{self.path}: the model failed on {len(rows)} hypotheses of up to {width} tokens "
+                             f"({_reason(e)}); a smaller --rescore-batch needs less memory") from None
         picked = logits.log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]  # (B, L-1)
         return (picked * mask[:, 1:]).sum(1).cpu().tolist()

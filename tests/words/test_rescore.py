@@ -44,6 +44,9 @@ def test_scores_are_the_models_log_probabilities_batched_or_not(lm_dir: Path) ->
         assert score == pytest.approx(-float(loss) * (len(ids) - 1), rel=1e-5)
     one_by_one = CausalLMScorer(lm_dir, device="cpu", batch_size=1).score(texts, progress=False)
     assert one_by_one == pytest.approx(scores, rel=1e-5)
+    assert scorer.context == 256
+    with pytest.raises(ValueError, match=r"a hypothesis of 302 tokens .* longer than the model's context of 256"):
+        scorer.score(["the " * 300], progress=False)
 
 
 def test_directories_it_cannot_use_are_one_clear_error(lm_dir: Path, tmp_path: Path) -> None:
