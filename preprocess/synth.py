@@ -63,6 +63,7 @@ from preprocess.synth_core import (
 
 __all__ = [
     "build_word_model",
+    "draw_corpus",
     "GROUND_TRUTH_NAME",
     "load_lexicon",
     "main",
@@ -112,8 +113,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
                         lengths.append(len(t.features))
                         label_lens.append(len(t.labels))
                         used.update(t.words)
-    corpus_rng = _rng(spec.seed, 5)
-    corpus = [sample_sentence(model, corpus_rng, spec.words) for _ in range(spec.corpus_sentences)]
+    corpus = draw_corpus(spec, model)
     used.update(w for s in corpus for w in s)
     (out / "corpus.txt").write_text("".join(" ".join(s) + "\n" for s in corpus))
     (out / "lexicon.txt").write_text(
@@ -138,6 +138,15 @@ def _trial_generator(spec: SynthSpec, model: WordModel,
         tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
         return partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
     return partial(generate_trials, spec, model=model, lexicon=lexicon, patterns=phoneme_patterns(_rng(spec.seed, 1)))
+
+
+def draw_corpus(spec: SynthSpec, model: WordModel | None = None, n: int | None = None) -> list[tuple[str, ...]]:
+    """corpus.txt's sentences (`n` of them; default spec.corpus_sentences), from the spec's word
+    model: a larger `n` draws the same sentences first, then more (an LM that has read more text)."""
+    if model is None:
+        model = build_word_model(list(load_lexicon()), _rng(spec.seed, 0))
+    rng = _rng(spec.seed, 5)
+    return [sample_sentence(model, rng, spec.words) for _ in range(spec.corpus_sentences if n is None else n)]
 
 
 def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], str]:

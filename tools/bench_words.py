@@ -5,8 +5,11 @@ an ensemble of the seeds' checkpoints; the time each stage adds per 100 trials.
 
 Steps, each kept in WORKDIR and skipped when done (a re-run resumes):
 1. the realistic preset (5 sessions, --val-trials/--test-trials per session) and its tiny-recipe
-   shards (`tools/compare_families.make_dataset`); a 3-gram KenLM binary of its corpus
-   (`b2t-lm build`); a tiny GPT-2 trained on the same corpus (`tools/tiny_causal_lm.py`);
+   shards (`tools/compare_families.make_dataset`); a 3-gram KenLM binary of its corpus.txt
+   (`b2t-lm build`); two tiny GPT-2s (`tools/tiny_causal_lm.py`): one trained on the same
+   corpus.txt, one on --lm-corpus-factor times as many sentences of the same word model
+   (`preprocess.synth.draw_corpus`; corpus.txt's come first), as an LLM has read more text
+   than the n-gram was built from;
 2. the tiny GRU trained --steps steps per seed, eager, f32 (`compare_families.train_run`);
 3. per seed and for the ensemble of all seeds, `b2t-eval` run as a user runs it: on val
    `--spell`, `--lm --tune` and `--lm --rescore --tune` (each writing weights.json), then on test
@@ -44,6 +47,8 @@ RUNS: dict[str, tuple[str, list[str], str | None]] = {
     "test_ngram_default": ("test", ["--lm", "{lm}"], None),
     "test_ngram_tuned": ("test", ["--lm", "{lm}"], "val_ngram"),
     "test_rescored": ("test", ["--lm", "{lm}", "--rescore", "{causal_lm}"], "val_rescored"),
+    "val_rescored_more": ("val", ["--lm", "{lm}", "--rescore", "{causal_lm_more}", "--tune"], None),
+    "test_rescored_more": ("test", ["--lm", "{lm}", "--rescore", "{causal_lm_more}"], "val_rescored_more"),
 }
 
 
@@ -56,20 +61,24 @@ def _run(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def prepare(work: Path, steps: int, seeds: list[int], val_trials: int, test_trials: int,
-            lm_steps: int) -> tuple[Path, Path, dict[str, list[Path]]]:
-    """Dataset, n-gram LM, causal LM and the trained checkpoints; the models to evaluate by name."""
+def prepare(work: Path, steps: int, seeds: list[int], val_trials: int, test_trials: int, lm_steps: int,
+            lm_corpus_factor: int) -> tuple[Path, Path, dict[str, list[Path]]]:
+    """Dataset, n-gram LM, causal LMs and the trained checkpoints; the models to evaluate by name."""
+    from preprocess.synth import draw_corpus, read_spec
     from tools.compare_families import make_dataset, train_run
     from tools.tiny_causal_lm import train_causal_lm
 
     hdf5, shards = make_dataset(work, "words", 4, val_trials=val_trials, test_trials=test_trials)
     if not (work / "lm.bin").exists():
         _run([str(BIN / "b2t-lm"), "build", str(hdf5 / "corpus.txt"), "-o", str(work / "lm.bin")])
-    if not (work / "causal_lm" / "config.json").exists():
-        start = time.perf_counter()
-        train_causal_lm((hdf5 / "corpus.txt").read_text().splitlines(), work / "causal_lm", steps=lm_steps,
-                        width=128)
-        print(f"causal LM: {lm_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    spec = read_spec(hdf5)
+    corpora = {"causal_lm": (hdf5 / "corpus.txt").read_text().splitlines(),
+               "causal_lm_more": [" ".join(s) for s in draw_corpus(spec, n=lm_corpus_factor * spec.corpus_sentences)]}
+    for name, corpus in corpora.items():
+        if not (work / name / "config.json").exists():
+            start = time.perf_counter()
+            train_causal_lm(corpus, work / name, steps=lm_steps, width=128)
+            print(f"{name}: {len(corpus)} sentences, {lm_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
     models = {}
     for seed in seeds:
         run = work / "runs" / f"gru-{seed}-{steps}"
@@ -97,7 +106,8 @@ def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]
     log = work / "results.jsonl"
     done = [r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == steps] if log.exists() else []
     sentences = split_sentences(read_spec(hdf5), "test")
-    paths = {"lm": str(work / "lm.bin"), "causal_lm": str(work / "causal_lm")}
+    paths = {"lm": str(work / "lm.bin"), "causal_lm": str(work / "causal_lm"),
+             "causal_lm_more": str(work / "causal_lm_more")}
     for model, checkpoints in models.items():
         tag = f"{steps}-{model.replace(' ', '_')}"
         for name, (split, options, weights_from) in RUNS.items():
@@ -145,7 +155,9 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
     lines = [("greedy phonemes spelled (--spell)", "val_spell", False, "test_spell"),
              ("n-gram beam, default weights", "val_ngram", True, "test_ngram_default"),
              ("n-gram beam, tuned on val", "val_ngram", False, "test_ngram_tuned"),
-             ("+ rescored by the causal LM, tuned on val", "val_rescored", False, "test_rescored")]
+             ("+ rescored by the causal LM (corpus.txt), tuned on val", "val_rescored", False, "test_rescored"),
+             ("+ rescored by a causal LM of more text, tuned on val", "val_rescored_more", False,
+              "test_rescored_more")]
     print(f"| words | val WER, {', '.join(seeds)} | test WER | " + " | ".join(
         f"{e}: val WER | test WER" for e in ensembles) + " |")
     print("|---|---|---|" + "---|---|" * len(ensembles))
@@ -181,10 +193,13 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
 @click.option("--seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True, help="train.seed values.")
 @click.option("--val-trials", default=40, show_default=True, help="Val trials per session (5 sessions).")
 @click.option("--test-trials", default=40, show_default=True, help="Test trials per session.")
-@click.option("--lm-steps", default=1500, show_default=True, help="Training steps of the causal LM.")
-def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, lm_steps: int) -> None:
+@click.option("--lm-steps", default=1500, show_default=True, help="Training steps of each causal LM.")
+@click.option("--lm-corpus-factor", default=10, show_default=True,
+              help="The second causal LM reads this many times corpus.txt's sentences from the same word model.")
+def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, lm_steps: int,
+         lm_corpus_factor: int) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
-    hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps)
+    hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps, lm_corpus_factor)
     rows = evaluate(workdir, hdf5, shards, models, steps)
     print()
     print_tables(rows, list(models))

@@ -4,7 +4,8 @@ The beam searched once, with its own weights, and kept each trial's n best hypot
 their scores (`b2t.words.nbest`). Choosing among them again under other `Weights` needs
 no new search, so every grid point is one argmax per trial over the kept list: all points,
 trials and hypotheses at once as (points, trials, n) arrays. The search is a full grid
-(`Grid`) and then a coordinate search around its best point with halving steps. The
+(`Grid`), then a coordinate search from its best point: along each weight while the WER
+falls, at the grid's spacing (so past its edge if need be), then at half of it, and so on. The
 default weights (those the run would choose with untuned: the beam's own, plus the given
 neural weight when rescoring) are one of the points and win every tie, so the WER reported
 is never worse than theirs; among other equal points the one nearest to them wins.
@@ -33,6 +34,8 @@ WEIGHTS_KIND = "b2t-eval n-best weights"
 WEIGHTS_VERSION = 1
 MAX_CELLS = 4_000_000
 """Score cells (points x trials x n) computed at once."""
+MAX_WALK = 40
+"""Steps the coordinate search takes along one weight per round at most."""
 
 
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
@@ -44,9 +47,9 @@ class Grid:
     """The full grid's values per weight (the coordinate search then refines between them)."""
 
     lm_weight: tuple[float, ...] = _steps(0.0, 3.0, 0.25)
-    word_score: tuple[float, ...] = _steps(-3.0, 3.0, 0.5)
+    word_score: tuple[float, ...] = _steps(-3.0, 6.0, 0.5)
     neural_weight: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
-    rounds: int = 4  # coordinate-search rounds, each with half the previous step
+    rounds: int = 4  # coordinate-search rounds after the first (at the grid's spacing), each with half the step
 
 
 @dataclass(frozen=True)
@@ -142,16 +145,20 @@ def tune(table: NBestTable, reference_words: int, default: Weights | None = None
     score([default, table.searched] + [Weights(lm_weight=a, neural_weight=b, word_score=c)
                         for a, b, c in itertools.product(grid.lm_weight, neural, grid.word_score)])
     best = min(scored, key=rank)
-    for r in range(1, grid.rounds + 1):
+    for r in range(grid.rounds + 1):  # the grid's spacing first (it may walk past the grid's edge), then halves
         for name, step in steps.items():
             if not step:
                 continue
             delta = step / 2 ** r
-            value = getattr(best, name)
-            candidates = [_with(best, name, v) for v in (value - delta, value + delta)
-                          if v >= 0 or name == "word_score"]
-            score(candidates)
-            best = min([best, *candidates], key=rank)
+            for _ in range(MAX_WALK):  # on along this weight while it gets better
+                value = getattr(best, name)
+                candidates = [_with(best, name, v) for v in (value - delta, value + delta)
+                              if v >= 0 or name == "word_score"]
+                score(candidates)
+                moved = min([best, *candidates], key=rank)
+                if moved == best:
+                    break
+                best = moved
     return TuneResult(default=default, default_errors=scored[default], best=best, best_errors=scored[best],
                       reference_words=reference_words, points=len(scored))
 

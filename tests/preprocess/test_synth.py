@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.phonemes import PHONEME_IDS, SILENCE_ID
-from preprocess.synth import main, preset_spec, read_spec, split_sentences, write_dataset
+from preprocess.synth import draw_corpus, main, preset_spec, read_spec, split_sentences, write_dataset
 from preprocess.synth_core import (
     LABEL_WIDTH,
     SPEC_NAME,
@@ -382,3 +382,9 @@ def test_split_sentences_are_the_sentences_written(preset: str, datasets: dict[s
         assert drawn.keys() == written.keys() and all(drawn.values())
         if split == "val":
             assert drawn == written
+
+
+def test_a_larger_corpus_starts_with_corpus_txt(datasets: dict[str, Path]) -> None:
+    written = (datasets["a"] / "corpus.txt").read_text().splitlines()
+    larger = [" ".join(s) for s in draw_corpus(SPEC, n=3 * SPEC.corpus_sentences)]
+    assert larger[:len(written)] == written and len(larger) == 3 * len(written)

@@ -40,6 +40,13 @@ def test_tuning_finds_the_lm_weight_that_fixes_the_trials():
     assert result.best.neural_weight == 0.0  # no neural scores: not searched
 
 
+def test_the_coordinate_search_walks_past_the_grids_edge():
+    # each right sentence has 2 more words and 11.4-14.4 nats less acoustically: word_score > 5.7 ... 7.2 picks it
+    nbests = [[hyp(-1.0, -3.0, 3), hyp(-1.0 - gap, -3.0, 5)] for gap in (11.4, 12.4, 13.4, 14.4)]
+    result = tune(NBestTable(nbests, [[2, 0]] * 4, SEARCHED), reference_words=20)
+    assert max(Grid().word_score) < 7.2 < result.best.word_score and result.best_errors == 0
+
+
 def test_ties_keep_the_default_weights_even_off_the_grid():
     default = Weights(lm_weight=0.37, word_score=0.11)  # on no grid line
     nbests = [[hyp(-1.0, -1.0, 2), hyp(-9.0, -9.0, 2)]]
