@@ -161,6 +161,11 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
     print(f"| words | val WER, {', '.join(seeds)} | test WER | " + " | ".join(
         f"{e}: val WER | test WER" for e in ensembles) + " |")
     print("|---|---|---|" + "---|---|" * len(ensembles))
+    pers = []
+    for ms in (seeds, *([e] for e in ensembles)):
+        found = [get(m, "val_spell") for m in ms]
+        pers.append(_cell([r["per"] for r in found if r is not None]))
+    print(f"| val PER (greedy phonemes) | {pers[0]} | |" + "".join(f" {p} | |" for p in pers[1:]))
     for label, val_run, default, test_run in lines:
         cells = [_cell(wers(seeds, val_run, default)), _cell(wers(seeds, test_run))]
         for e in ensembles:
@@ -171,19 +176,36 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
         if r is not None:
             members = ", ".join(f"{p:.4f}" for p in r["members_per"])
             print(f"\nval PER: {e} {r['per']:.4f}; its members {members} (best {min(r['members_per']):.4f})")
-    print("\nseconds per 100 trials (mean over runs; model = the checkpoint(s) over the split, with warm-up):\n")
-    print("| model | run | model | words | rescoring (load) | tuning | b2t-eval wall |")
-    print("|---|---|---|---|---|---|---|")
-    for model in models:
-        for run in RUNS:
-            r = get(model, run)
-            if r is None:
-                continue
-            per100 = {k: 100 * v / r["trials"] for k, v in r["seconds"].items()}
-            load = r["seconds"].get("rescore_load")
-            rescoring = f"{per100['rescore']:.2f} ({load:.1f} s)" if "rescore" in per100 else "-"
-            print(f"| {model} | {run} | {per100['model']:.2f} | {per100.get('words', 0):.2f} | {rescoring} | "
-                  f"{per100.get('tune', 0):.2f} | {100 * r['wall_s'] / r['trials']:.1f} |")
+    print_times(rows)
+
+
+def print_times(rows: list[dict[str, Any]]) -> None:
+    """Seconds per 100 trials of each stage, the mean over the runs that have it (summary.json's stage times)."""
+    def mean(values: list[float]) -> str:
+        return f"{statistics.mean(values):.2f}" if values else "-"
+
+    def per100(r: dict[str, Any], stage: str) -> float:
+        return 100 * r["seconds"][stage] / r["trials"]
+
+    single = [r for r in rows if len(r["members_per"]) == 1]
+    ensemble = [r for r in rows if len(r["members_per"]) > 1]
+    beam = [r for r in rows if "spell" not in r["run"]]
+    stages = [
+        ("one checkpoint over the split (warm-up included)", [per100(r, "model") for r in single]),
+        (f"an ensemble of {len(ensemble[0]['members_per']) if ensemble else 0} checkpoints",
+         [per100(r, "model") for r in ensemble]),
+        ("greedy phonemes spelled into words", [per100(r, "words") for r in rows if "spell" in r["run"]]),
+        ("n-gram beam, 1 best", [per100(r, "words") for r in rows if r["run"] == "test_ngram_default"]),
+        ("n-gram beam, 32 best", [per100(r, "words") for r in beam if r["run"] != "test_ngram_default"]),
+        ("tuning over the 32 best (val)", [per100(r, "tune") for r in rows if "tune" in r["seconds"]]),
+        ("rescoring the 32 best by the tiny causal LM (CPU, f32)", [per100(r, "rescore") for r in rows
+                                                                    if "rescore" in r["seconds"]]),
+    ]
+    loads = [r["seconds"]["rescore_load"] for r in rows if "rescore_load" in r["seconds"]]
+    print("\n| stage | seconds per 100 trials |\n|---|---|")
+    for name, values in stages:
+        print(f"| {name} | {mean(values)} |")
+    print(f"| loading transformers and the causal LM (once per run, s) | {mean(loads)} |")
 
 
 @click.command()
