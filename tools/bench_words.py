@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,8 @@ def test_wer(out: Path, sentences: dict[tuple[str, int, int], str]) -> float:
     return wer.rate()
 
 
-def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int) -> list[dict[str, Any]]:
+def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int,
+             runs: Sequence[str]) -> list[dict[str, Any]]:
     from preprocess.synth import read_spec, split_sentences
 
     log = work / "results.jsonl"
@@ -110,7 +112,8 @@ def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]
              "causal_lm_more": str(work / "causal_lm_more")}
     for model, checkpoints in models.items():
         tag = f"{steps}-{model.replace(' ', '_')}"
-        for name, (split, options, weights_from) in RUNS.items():
+        for name in [n for n in RUNS if n in runs]:  # val runs before the test runs applying their weights
+            split, options, weights_from = RUNS[name]
             if any(r["model"] == model and r["run"] == name for r in done):
                 continue
             out = work / "eval" / tag / name
@@ -215,14 +218,16 @@ def print_times(rows: list[dict[str, Any]]) -> None:
 @click.option("--seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True, help="train.seed values.")
 @click.option("--val-trials", default=40, show_default=True, help="Val trials per session (5 sessions).")
 @click.option("--test-trials", default=40, show_default=True, help="Test trials per session.")
+@click.option("--runs", type=click.Choice(list(RUNS)), multiple=True, default=tuple(RUNS), show_default=True,
+              help="The b2t-eval runs to make (a test run with --weights needs its val run).")
 @click.option("--lm-steps", default=1500, show_default=True, help="Training steps of each causal LM.")
 @click.option("--lm-corpus-factor", default=10, show_default=True,
               help="The second causal LM reads this many times corpus.txt's sentences from the same word model.")
-def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, lm_steps: int,
-         lm_corpus_factor: int) -> None:
+def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, runs: tuple[str, ...],
+         lm_steps: int, lm_corpus_factor: int) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps, lm_corpus_factor)
-    rows = evaluate(workdir, hdf5, shards, models, steps)
+    rows = evaluate(workdir, hdf5, shards, models, steps, runs)
     print()
     print_tables(rows, list(models))
 
