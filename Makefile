@@ -14,10 +14,10 @@ SYNTH_OPTS  ?=
 BENCH   ?= bench_out
 TARGET  ?= $(if $(wildcard /dev/accel0 /dev/vfio/0),tpu,cpu)
 ifeq ($(TARGET),tpu)
-EXTRAS  := test,spmd,tpu
+EXTRAS  := test,spmd,rescore,tpu
 export PJRT_DEVICE ?= TPU
 else ifeq ($(TARGET),cpu)
-EXTRAS  := test,spmd,tpu-compile
+EXTRAS  := test,spmd,rescore,tpu-compile
 export PJRT_DEVICE ?= CPU
 else
 $(error TARGET=$(TARGET): choose tpu or cpu)

@@ -22,6 +22,7 @@ from b2t.contract import Batch
 from b2t.metrics import ErrorRate, edit_distance, greedy_decode
 from b2t.phonemes import phoneme_string
 from b2t.text import words_of
+from b2t.words.nbest import Hypothesis
 
 EvalStep = Callable[[Batch], tuple[Tensor, ...]]
 """A compiled eval step: batch -> (per-row loss (B,), greedy ids (B, P), output lengths (B,)
@@ -30,34 +31,46 @@ EvalStep = Callable[[Batch], tuple[Tensor, ...]]
 
 @dataclass(frozen=True)
 class TrialResult:
+    """One trial's decode. The reference fields are None where the split has no labels (test)."""
+
     session: str
     block: int
     trial: int
     group: str  # HDF5 group name, e.g. trial_0007 (its number is the trial's place in the file)
-    phonemes: list[int]  # greedy decode
-    reference: list[int]  # empty for test trials
-    loss: float  # CTC negative log-likelihood (0 for test trials)
-    edits: int
-    sentence: str | None = None  # the sentence label; None for test trials
+    decoded_phonemes: list[int]  # greedy decode
+    reference_phonemes: list[int] | None  # the label sequence
+    loss: float | None  # CTC negative log-likelihood of the reference
+    phoneme_edits: int | None  # edit distance of the decode to the reference
+    reference_words: str | None = None  # the sentence label
     log_probs: np.ndarray | None = field(default=None, repr=False, compare=False)  # (P, C) f32, valid frames only
-    words: str | None = None  # decoded text, when words were decoded
+    decoded_words: str | None = None  # the chosen sentence, when words were decoded
+    nbest: tuple[Hypothesis, ...] | None = None  # the word hypotheses chosen among, best first by the beam
+
+    @property
+    def word_edits(self) -> int | None:
+        if self.decoded_words is None or self.reference_words is None:
+            return None
+        return edit_distance(words_of(self.decoded_words), words_of(self.reference_words))
 
     def to_dict(self) -> dict[str, Any]:
+        """The trials.jsonl record: every field always present, null where it does not apply."""
         d = {
             "session": self.session, "block": self.block, "trial": self.trial, "group": self.group,
-            "phonemes": phoneme_string(self.phonemes), "reference": phoneme_string(self.reference),
-            "edits": self.edits if self.reference else None, "loss": self.loss,
-            "words": self.words, "sentence": self.sentence,
+            "decoded_phonemes": phoneme_string(self.decoded_phonemes),
+            "reference_phonemes": None if self.reference_phonemes is None else phoneme_string(self.reference_phonemes),
+            "phoneme_edits": self.phoneme_edits, "loss": self.loss,
+            "decoded_words": self.decoded_words, "reference_words": self.reference_words,
+            "word_edits": self.word_edits,
         }
-        if self.words is not None and self.sentence is not None:
-            d["word_edits"] = edit_distance(words_of(self.words), words_of(self.sentence))
+        if self.nbest is not None:
+            d["nbest"] = [h.to_dict() for h in self.nbest]
         return d
 
 
 @dataclass
 class EvalSummary:
     per: ErrorRate
-    loss: float  # mean CTC loss over labelled trials
+    loss: float | None  # mean CTC loss over labelled trials (None without any)
     n_trials: int
     wer: ErrorRate | None = None  # when words were decoded for labelled trials
 
@@ -84,11 +97,12 @@ def decode_batches(step: EvalStep, batches: Iterable[Batch]) -> Iterator[TrialRe
         for r, row in enumerate(batch.meta["rows"]):
             if not valid[r]:
                 continue
-            ref = labels[r][: label_lens[r]]
+            ref = labels[r][: label_lens[r]] or None  # test rows carry no labels
             yield TrialResult(
                 session=row["session"], block=int(row["block"]), trial=int(row["trial"]), group=row["group"],
-                phonemes=hyps[r], reference=ref, loss=float(nll[r]) if ref else 0.0,
-                edits=edit_distance(hyps[r], ref), sentence=row.get("sentence"),
+                decoded_phonemes=hyps[r], reference_phonemes=ref, loss=None if ref is None else float(nll[r]),
+                phoneme_edits=None if ref is None else edit_distance(hyps[r], ref),
+                reference_words=row.get("sentence"),
                 log_probs=None if frames is None else frames[r, : int(out_lens[r])].copy(),
             )
 
@@ -98,11 +112,11 @@ def summarize(results: Iterable[TrialResult]) -> EvalSummary:
     per, wer, loss, labelled, worded, n = ErrorRate(), ErrorRate(), 0.0, 0, 0, 0
     for res in results:
         n += 1
-        if res.reference:
-            per.add(res.session, res.phonemes, res.reference)
-            loss += res.loss
+        if res.reference_phonemes is not None:
+            per.add(res.session, res.decoded_phonemes, res.reference_phonemes)
+            loss += res.loss or 0.0
             labelled += 1
-        if res.words is not None and res.sentence is not None:
-            wer.add(res.session, words_of(res.words), words_of(res.sentence))
+        if res.decoded_words is not None and res.reference_words is not None:
+            wer.add(res.session, words_of(res.decoded_words), words_of(res.reference_words))
             worded += 1
-    return EvalSummary(per=per, loss=loss / max(labelled, 1), n_trials=n, wer=wer if worded else None)
+    return EvalSummary(per=per, loss=loss / labelled if labelled else None, n_trials=n, wer=wer if worded else None)

@@ -1,92 +1,194 @@
-"""`b2t-eval` (a checkpoint -> PER, WER, the competition CSV) and `b2t-import-baseline`.
+"""`b2t-eval` (checkpoints -> PER, WER, the competition CSV) and `b2t-import-baseline`.
 
-b2t-eval writes, with `--out DIR`: `trials.jsonl` (one line per trial in the competition's
-id order: id, session, block, trial, phonemes, reference, edits, words, sentence) and
-`summary.json` (PER and WER per session and aggregate, XLA compilations, settings); with
-`--csv FILE`: the `id,text` submission, one row per trial of the split. The work lives in
-`b2t.evaluate` and `b2t.import_baseline`; this module parses options and writes files.
+This module parses options, checks their combinations and runs the stages in order: the
+model(s) over the split (`b2t.ensemble`, `b2t.evaluate`), the word beam's n-best lists,
+their rescoring by a causal LM (`b2t.words.rescore`), the weights tuned on val
+(`b2t.words.tune`) or read from a file, the chosen sentences; then it prints and writes
+what `b2t.eval_output` describes.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import math
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from b2t.atomic import atomic_write_text
 from b2t.cli import config_option, fail, set_option
 from b2t.cli_errors import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
 from b2t.data.manifest import SPLITS, Manifest
-from b2t.decoding import EvalSummary, TrialResult, summarize
-from b2t.evaluate import Evaluator, WordRecipe, decode_words, excluded_trials, submission_rows
+from b2t.decoding import TrialResult, summarize
+from b2t.ensemble import Member, evaluate_checkpoints
+from b2t.eval_output import (
+    DECODED_NAME,
+    SUMMARY_NAME,
+    TRIALS_NAME,
+    merge_compilations,
+    print_samples,
+    print_summary,
+    write_csv,
+    write_outputs,
+)
+from b2t.evaluate import WordRecipe, choose, decode_words, excluded_trials, rescore, submission_rows, tune_weights
 from b2t.train.devices import use_compile_cache
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.lexicon import LexiconError
+from b2t.words.nbest import Weights
 from b2t.words.ngram import check_arpa, is_kenlm_binary
+from b2t.words.tune import TuneResult, WeightsFile, load_weights, save_weights
 
-TRIALS_NAME, SUMMARY_NAME = "trials.jsonl", "summary.json"
-
-
-def write_csv(path: Path, rows: Sequence[tuple[int, str]]) -> None:
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["id", "text"])
-    writer.writerows(rows)
-    atomic_write_text(path, text.getvalue())
+WEIGHTS_NAME = "weights.json"
+RESCORE_NBEST = 32
+"""--nbest when --rescore or --tune is given without it."""
+SEARCH_OPTIONS = ("beam_size", "beam_threshold", "lm_weight", "word_score", "sil_score")
+"""BeamOptions' fields b2t-eval sets (and a weights file records)."""
 
 
-def write_outputs(out: Path, results: Sequence[TrialResult], report: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    lines = (json.dumps({"id": i, **r.to_dict()}) + "\n" for i, r in enumerate(results))
-    atomic_write_text(out / TRIALS_NAME, "".join(lines))
-    atomic_write_text(out / SUMMARY_NAME, json.dumps(report, indent=1) + "\n")
+@dataclass(frozen=True)
+class WordPlan:
+    """How words are decoded and chosen: the beam (or spelling) recipe, the weights that choose
+    among its n-best lists, the causal LM that rescores them, and whether to tune the weights."""
+
+    recipe: WordRecipe
+    weights: Weights
+    rescore: Path | None = None
+    tune: bool = False
+    weights_file: Path | None = None
+
+    @property
+    def beam(self) -> bool:
+        return not self.recipe.spell
+
+    def describe(self) -> dict[str, Any]:
+        r = self.recipe
+        return {"decoder": "spell" if r.spell else "beam", "lexicon": str(r.lexicon or "cmudict"),
+                "lm": None if r.lm is None else str(r.lm), "options": search_dict(r.options), "nbest": r.nbest,
+                "rescore": None if self.rescore is None else str(self.rescore),
+                "weights": self.weights.to_dict() if self.beam else None,
+                "weights_file": None if self.weights_file is None else str(self.weights_file)}
 
 
-def print_summary(summary: EvalSummary, split: str, compilations: dict[str, Any], backend: str,
-                  n_buckets: int) -> None:
-    if math.isnan(summary.per.rate()):
-        click.echo(f"{split}: {summary.n_trials} trials without reference phonemes (no PER)")
-    else:
-        click.echo(f"PER on {split} ({summary.n_trials} trials, mean CTC loss {summary.loss:.3f}):")
-        click.echo(summary.per.table("PER"))
-    if summary.wer is not None:
-        click.echo(f"WER on {split}:")
-        click.echo(summary.wer.table("WER"))
-    if backend in XLA_BACKENDS:
-        fallbacks = json.dumps(compilations["fallbacks"]) if compilations["fallbacks"] else "none"
-        click.echo(f"XLA compilations: {compilations['warm_up']} warming {n_buckets} buckets, "
-                   f"{compilations['during_split']} during the split; host fallbacks: {fallbacks}")
+def search_dict(options: BeamOptions) -> dict[str, Any]:
+    return {k: getattr(options, k) for k in SEARCH_OPTIONS}
 
 
-def _word_recipe(lexicon: Path | None, cmudict: bool, lm: Path | None, spell: bool,
-                 options: BeamOptions) -> WordRecipe | None:
+def _given(ctx: click.Context, *names: str) -> list[str]:
+    """The options among `names` set on the command line (or the environment), as --flags."""
+    sources = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    return [f"--{n.replace('_', '-')}" for n in names if ctx.get_parameter_source(n) in sources]
+
+
+def word_plan(ctx: click.Context, p: dict[str, Any]) -> WordPlan | None:
+    """The words the options ask for (None: phonemes only); a combination that cannot work is a usage error."""
+    lexicon, cmudict, lm, spell = p["lexicon"], p["cmudict"], p["lm"], p["spell"]
+    beam_flags = [flag for flag, on in (("--nbest", p["nbest"] is not None), ("--rescore", p["rescore"] is not None),
+                                        ("--neural-weight", bool(_given(ctx, "neural_weight"))),
+                                        ("--tune", p["tune"]), ("--weights", p["weights"] is not None)) if on]
     if lexicon is not None and cmudict:
         raise click.UsageError("pass --lexicon FILE or --cmudict, not both")
     if lexicon is None and not cmudict:
-        if lm is not None or spell:
-            raise click.UsageError("--lm and --spell decode words: pass --lexicon FILE or --cmudict too")
+        needs = ["--lm"] * (lm is not None) + ["--spell"] * spell + beam_flags
+        if needs:
+            raise click.UsageError(f"{needs[0]} needs a lexicon to decode words with: pass --lexicon FILE or --cmudict")
         return None
     if spell and lm is not None:
         raise click.UsageError("--spell uses no language model: drop --lm (or --spell for the beam search)")
-    return WordRecipe(lexicon=lexicon, lm=lm, options=options, spell=spell)
+    if spell and beam_flags:
+        raise click.UsageError(f"{beam_flags[0]} needs the beam search's n-best lists: drop --spell")
+    if "--neural-weight" in beam_flags and p["rescore"] is None:
+        raise click.UsageError("--neural-weight weighs the scores of --rescore DIR: pass --rescore too")
+    if p["tune"] and p["weights"] is not None:
+        raise click.UsageError("--tune searches the weights that --weights applies: pass one of them")
+    if p["tune"] and p["split"] == "test":
+        raise click.UsageError("--tune needs reference sentences, which the test split has none of: tune on --split val")
+    if p["tune"] and p["out"] is None:
+        raise click.UsageError(f"--tune writes the weights to DIR/{WEIGHTS_NAME}: pass --out DIR")
+    if p["weights"] is not None:
+        return _plan_from_file(ctx, p)
+    options = BeamOptions(**{k: p[k] for k in SEARCH_OPTIONS})
+    nbest = p["nbest"] or (RESCORE_NBEST if p["rescore"] is not None or p["tune"] else 1)
+    if nbest > options.beam_size:
+        raise click.UsageError(f"--nbest {nbest} is more than --beam-size {options.beam_size}, the most the "
+                               "search's final beam holds")
+    recipe = WordRecipe(lexicon=lexicon, lm=lm, options=options, spell=spell, nbest=nbest)
+    neural = p["neural_weight"] if p["rescore"] is not None else 0.0
+    return WordPlan(recipe=recipe, weights=replace(recipe.searched, neural_weight=neural), rescore=p["rescore"],
+                    tune=p["tune"])
+
+
+def _plan_from_file(ctx: click.Context, p: dict[str, Any]) -> WordPlan:
+    """The plan a --weights file sets: its beam settings, n-best size and weights."""
+    path: Path = p["weights"]
+    clash = _given(ctx, *SEARCH_OPTIONS, "nbest", "neural_weight")
+    if clash:
+        raise click.UsageError(f"--weights {path} sets the search and the weights: drop {', '.join(clash)}")
+    try:
+        wf = load_weights(path)
+    except (ValueError, FileNotFoundError) as e:
+        fail(str(e))
+    try:
+        options = BeamOptions(**{k: wf.search[k] for k in SEARCH_OPTIONS})
+    except (KeyError, TypeError, ValueError) as e:
+        fail(f"{path}: its search settings are not ones b2t-eval uses ({e!r})")
+    for flag, used, given in (("--lm", wf.lm, p["lm"]), ("--rescore", wf.rescore, p["rescore"])):
+        if used is not None and given is None:
+            raise click.UsageError(f"{path} was tuned with {flag} {used}: pass {flag} (the same model)")
+        if used is None and given is not None:
+            raise click.UsageError(f"{path} was tuned without {flag}: drop {flag}, or tune again with it")
+    if wf.nbest > options.beam_size:
+        fail(f"{path}: nbest {wf.nbest} is more than its beam_size {options.beam_size}")
+    recipe = WordRecipe(lexicon=p["lexicon"], lm=p["lm"], options=options, nbest=wf.nbest)
+    return WordPlan(recipe=recipe, weights=wf.weights, rescore=p["rescore"], weights_file=path)
+
+
+def split_paths(paths: Sequence[Path]) -> tuple[list[Path], Path]:
+    """CHECKPOINT... DATASET: the checkpoint files, then the dataset directory."""
+    if len(paths) < 2:
+        raise click.UsageError("pass one or more checkpoints, then the dataset: CHECKPOINT... DATASET")
+    *checkpoints, dataset = paths
+    for c in checkpoints:
+        if c.is_dir():
+            raise click.UsageError(f"{c} is a directory: every path before the dataset is a checkpoint file")
+    if not dataset.is_dir():
+        raise click.UsageError(f"{dataset} is not a directory: the last path is the dataset (a b2t-preprocess output)")
+    return checkpoints, dataset
+
+
+def check_lm(lm: Path | None) -> None:
+    """Read the n-gram LM before the model runs: KenLM's own errors name no file."""
+    if lm is None:
+        return
+    if is_kenlm_binary(lm):
+        load_lm(lm)  # a binary maps at once: a corrupt one stops here, not in the decode workers
+    else:
+        check_arpa(lm)
+
+
+def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], dataset: Path, split: str,
+               n_trials: int) -> WeightsFile:
+    r = plan.recipe
+    return WeightsFile(weights=result.best, search=search_dict(r.options), nbest=r.nbest,
+                       lm=None if r.lm is None else str(r.lm),
+                       rescore=None if plan.rescore is None else str(plan.rescore),
+                       tuned_on={"checkpoints": [str(c) for c in checkpoints], "dataset": str(dataset),
+                                 "split": split, "trials": n_trials, **result.to_dict()})
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("dataset", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, metavar="CHECKPOINT... DATASET",
+                type=click.Path(exists=True, path_type=Path))
 @click.option("--split", type=click.Choice(SPLITS[1:]), required=True, help="Which preprocessed split to decode.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
-              help="How to compile the eval step (default: the backend the checkpoint was trained with).")
+              help="How to compile the eval step (default: the backend each checkpoint was trained with).")
 @click.option("--device", default=None, help="Device override, e.g. cuda:1.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help=f"Directory for {TRIALS_NAME} (per trial) and {SUMMARY_NAME} (PER/WER tables, compilations).")
+              help=f"Directory for {TRIALS_NAME} (per trial), {DECODED_NAME} (every trial, readable) and "
+                   f"{SUMMARY_NAME} (PER/WER tables, compilations, times); --tune also writes {WEIGHTS_NAME}.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the competition submission (id,text; one row per trial) here. Needs words.")
 @click.option("--lexicon", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -107,65 +209,126 @@ def _word_recipe(lexicon: Path | None, cmudict: bool, lm: Path | None, spell: bo
               help="Added per word (higher favours more, shorter words).")
 @click.option("--sil-score", type=float, default=BeamOptions.sil_score, show_default=True,
               help="Added per SIL (word boundary) frame.")
+@click.option("--nbest", type=click.IntRange(min=1), default=None,
+              help=f"Word hypotheses kept per trial, with their scores, in {TRIALS_NAME} [default: 1; "
+                   f"{RESCORE_NBEST} with --rescore or --tune].")
+@click.option("--rescore", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Rescore the n-best with the causal LM in this local Hugging Face directory (OPT, Llama, Mistral, "
+                   "GPT-2 ...; nothing is downloaded): score = acoustic + lm_weight x n-gram + neural_weight x "
+                   "neural LM + word_score x words. Needs the `rescore` extra.")
+@click.option("--neural-weight", type=click.FloatRange(min=0), default=0.5, show_default=True,
+              help="Scale of the --rescore LM's natural-log sentence probabilities.")
+@click.option("--rescore-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Hypotheses per forward pass of the --rescore LM.")
+@click.option("--rescore-device", default=None,
+              help="Device of the --rescore LM [default: cuda when there is one (bf16), else cpu (f32)].")
+@click.option("--tune", is_flag=True,
+              help=f"Search lm_weight, word_score (and neural_weight with --rescore) for the lowest WER over the "
+                   f"split's n-best lists (no new search per point; the untuned weights are a point and win ties); writes "
+                   f"--out DIR/{WEIGHTS_NAME} for --weights.")
+@click.option("--weights", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Search and choose with the weights --tune wrote (its beam settings and n-best size too).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes decoding words in parallel (each builds its own decoder).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Persistent compilation cache shared with b2t-train --compile-cache: graphs compiled once are "
                    "loaded from DIR (on TPU and GPU runtimes; the CPU runtime only writes them).")
-def eval_main(checkpoint: Path, dataset: Path, split: str, backend: str | None, device: str | None,
-              out: Path | None, csv_path: Path | None, lexicon: Path | None, cmudict: bool, lm: Path | None,
-              spell: bool, beam_size: int, beam_threshold: float, lm_weight: float, word_score: float,
-              sil_score: float, workers: int, no_progress: bool, compile_cache: Path | None) -> None:
-    """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT: PER, and words with a lexicon.
+@click.pass_context
+def eval_main(ctx: click.Context, **p: Any) -> None:
+    """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT(s): PER, and words with a lexicon.
 
     Every batch runs once through the training step's fixed-shape eval graph, compiled once
-    per bucket before the first batch. Without --lexicon/--cmudict only greedy phonemes are
-    decoded; with one, a lexicon-constrained CTC beam search (plus --lm) gives words, WER
-    where the split has sentences, and --csv.
+    per bucket before the first batch. Several checkpoints (same sessions and patching) are
+    an ensemble: their per-frame log-probabilities are averaged before decoding. Without
+    --lexicon/--cmudict only greedy phonemes are decoded; with one, a lexicon-constrained
+    CTC beam search (plus --lm) gives words, WER where the split has sentences, and --csv.
+    The beam's n best hypotheses can be rescored by a causal LM (--rescore) and chosen
+    among with weights tuned on val (--tune, then --weights on test).
     """
-    options = BeamOptions(beam_size=beam_size, beam_threshold=beam_threshold, lm_weight=lm_weight,
-                          word_score=word_score, sil_score=sil_score)
-    recipe = _word_recipe(lexicon, cmudict, lm, spell, options)
-    if csv_path is not None and recipe is None:
+    checkpoints, dataset = split_paths(p["paths"])
+    plan = word_plan(ctx, p)
+    if p["csv_path"] is not None and plan is None:
         raise click.UsageError("--csv needs words: pass --lexicon FILE or --cmudict (and --lm)")
-    progress = not no_progress
     try:
-        if lm is not None:
-            if is_kenlm_binary(lm):
-                load_lm(lm)  # a binary maps at once: a corrupt one stops here, not in the decode workers
-            else:
-                check_arpa(lm)  # before the model runs: KenLM's own errors name no file
-        if compile_cache is not None:
-            use_compile_cache(compile_cache)
-        evaluator = Evaluator(checkpoint, backend, device)
+        check_lm(p["lm"])
+        results, members, tuned, seconds = run_stages(plan, checkpoints, dataset, p)
         manifest = Manifest.load(dataset)
-        results, compiles = evaluator.run(dataset, split, log_probs=recipe is not None and not recipe.spell,
-                                          progress=progress)
-        if recipe is not None:
-            results = decode_words(results, recipe, workers=workers, progress=progress)
     except (ConfigError, LexiconError, FileNotFoundError, ValueError) as e:
         fail(str(e))
+    split, out = p["split"], p["out"]
     excluded = excluded_trials(manifest, split)
     if excluded:
         click.secho(f"warning: b2t-preprocess left out {len(excluded)} {split} trials (e.g. {excluded[0][0]} "
                     f"{excluded[0][1]}: {excluded[0][2]}); they have no decode and an empty CSV row",
                     fg="yellow", err=True)
     summary = summarize(results)
-    print_summary(summary, split, compiles.to_dict(), evaluator.backend.name, len(manifest.buckets))
+    if len(members) > 1 and summary.loss is not None:
+        click.echo("ensemble members: " + ", ".join(f"{m.checkpoint} PER {m.summary.per.rate():.4f}" for m in members))
+    compilations = merge_compilations([m.compiles.to_dict() for m in members])
+    print_summary(summary, split, compilations, any(m.backend in XLA_BACKENDS for m in members),
+                  len(manifest.buckets))
+    print_samples(results)
+    if tuned is not None:
+        click.echo(f"tuned on {summary.n_trials} {split} trials ({tuned.points} points over the n-best lists): "
+                   f"WER {tuned.default_wer:.4f} at the default weights ({tuned.default.describe()}), "
+                   f"{tuned.best_wer:.4f} at {tuned.best.describe()}")
     if out is not None:
-        report = {"checkpoint": str(checkpoint), "dataset": str(dataset), "split": split,
-                  "backend": evaluator.backend.name, **summary.to_dict(), "compilations": compiles.to_dict(),
+        report = {"checkpoints": [str(c) for c in checkpoints], "dataset": str(dataset), "split": split,
+                  **summary.to_dict(), "members": [m.to_dict() for m in members], "compilations": compilations,
                   "buckets": len(manifest.buckets), "excluded": [list(e) for e in excluded],
-                  "words": None if recipe is None else {
-                      "decoder": "spell" if recipe.spell else "beam", "lexicon": str(lexicon or "cmudict"),
-                      "lm": None if lm is None else str(lm), "options": options.__dict__}}
-        write_outputs(out, results, report)
-        click.echo(f"wrote {out / TRIALS_NAME} and {out / SUMMARY_NAME}")
-    if csv_path is not None:
+                  "words": None if plan is None else plan.describe(),
+                  "tune": None if tuned is None else tuned.to_dict(), "seconds": seconds}
+        title = f"b2t-eval {split} of {dataset}: {summary.n_trials} trials decoded by {', '.join(map(str, checkpoints))}"
+        write_outputs(out, results, report, title)
+        click.echo(f"wrote {out / TRIALS_NAME}, {out / DECODED_NAME} and {out / SUMMARY_NAME}")
+        if tuned is not None and plan is not None:
+            save_weights(out / WEIGHTS_NAME, tuned_file(plan, tuned, checkpoints, dataset, split, summary.n_trials))
+            click.echo(f"wrote {out / WEIGHTS_NAME}: apply with --weights {out / WEIGHTS_NAME}")
+    if p["csv_path"] is not None:
         rows = submission_rows(results, excluded, manifest.sessions)
-        write_csv(csv_path, rows)
-        click.echo(f"wrote {csv_path}: {len(rows)} rows")
+        write_csv(p["csv_path"], rows)
+        click.echo(f"wrote {p['csv_path']}: {len(rows)} rows")
+
+
+def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], dataset: Path,
+               p: dict[str, Any]) -> tuple[list[TrialResult], list[Member], TuneResult | None, dict[str, float]]:
+    """The model(s) over the split, then the word stages the plan asks for, each timed (seconds by stage)."""
+    progress = not p["no_progress"]
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        seconds[name], clock = round(time.perf_counter() - clock, 3), time.perf_counter()
+
+    scorer = None
+    if plan is not None and plan.rescore is not None:  # before the model runs: a bad directory stops here
+        from b2t.words.rescore import CausalLMScorer  # transformers: the rescore extra's
+
+        scorer = CausalLMScorer(plan.rescore, p["rescore_device"], p["rescore_batch"])
+        lap("rescore_load")
+    if p["compile_cache"] is not None:
+        use_compile_cache(p["compile_cache"])
+    results, members = evaluate_checkpoints(checkpoints, dataset, p["split"], backend=p["backend"],
+                                            device=p["device"], log_probs=plan is not None and plan.beam,
+                                            progress=progress)
+    lap("model")
+    tuned = None
+    if plan is not None:
+        results = decode_words(results, plan.recipe, workers=p["workers"], progress=progress)
+        lap("words")
+    if scorer is not None:
+        results = rescore(results, scorer, progress=progress)
+        lap("rescore")
+    if plan is not None and plan.beam:
+        weights = plan.weights
+        if plan.tune:
+            tuned = tune_weights(results, plan.recipe.searched, plan.weights)
+            weights = tuned.best
+            lap("tune")
+        results = choose(results, weights, plan.recipe.searched)
+    return results, members, tuned, seconds
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})

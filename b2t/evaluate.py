@@ -3,17 +3,20 @@
 `b2t-eval` builds an `Evaluator` that rebuilds a checkpoint's model, compiles each bucket's
 eval graph once before the split, decodes every trial (`b2t.decoding`, shared with the
 trainer's validation), returns the trials in the competition's id order and, with a
-lexicon, decodes words in parallel worker processes.
+lexicon, decodes words in parallel worker processes: each trial's n best hypotheses
+(`b2t.words.nbest`), optionally rescored by a causal LM (`b2t.words.rescore`), chosen
+among with weights given or tuned on val (`b2t.words.tune`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,9 +25,10 @@ from b2t.contract import trial_number
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import Manifest
 from b2t.decoding import TrialResult, decode_batches
+from b2t.metrics import edit_distance
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
-from b2t.text import normalize_text
+from b2t.text import normalize_text, words_of
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
 from b2t.train.step import Stepper
@@ -32,6 +36,11 @@ from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
 from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
+from b2t.words.nbest import Hypothesis, Weights, best
+from b2t.words.tune import Grid, NBestTable, TuneResult, tune
+
+if TYPE_CHECKING:
+    from b2t.words.rescore import CausalLMScorer
 
 # --- the competition's order ----------------------------------------------------------
 
@@ -67,7 +76,7 @@ def submission_rows(results: Sequence[TrialResult], excluded: Sequence[tuple[str
     Keeping a row for a trial the model never saw keeps every later id where the competition expects it.
     """
     key = trial_order_key(sessions)
-    texts = [(key(r.session, r.group), normalize_text(r.words or "")) for r in results]
+    texts = [(key(r.session, r.group), normalize_text(r.decoded_words or "")) for r in results]
     texts += [(key(session, group), "") for session, group, _ in excluded]
     return [(i, text) for i, (_, text) in enumerate(sorted(texts))]
 
@@ -83,19 +92,29 @@ class WordRecipe:
     lm: Path | None = None  # ARPA or KenLM binary file; None = lexicon only
     options: BeamOptions = field(default_factory=BeamOptions)
     spell: bool = False  # spell the greedy phonemes into words (no search, no LM) instead
+    nbest: int = 1  # hypotheses the beam search keeps per trial
 
     def __post_init__(self) -> None:
         if self.spell and self.lm is not None:
             raise ValueError("spelling the greedy phonemes uses no language model: drop the LM or the spelling")
+        if not 1 <= self.nbest <= self.options.beam_size:
+            raise ValueError(f"nbest must be in 1..beam_size={self.options.beam_size}, got {self.nbest}: "
+                             "the search's final beam holds at most beam_size hypotheses")
 
-    def decode_fn(self) -> Callable[[Any], str]:
-        """Build the decoder; returns its per-trial function (log-probs, or greedy ids when spelling)."""
+    @property
+    def searched(self) -> Weights:
+        """The weights the beam search chooses with (its first hypothesis is the best under them)."""
+        return Weights(lm_weight=self.options.lm_weight, word_score=self.options.word_score)
+
+    def decode_fn(self) -> Callable[[Any], str | list[Hypothesis]]:
+        """Build the decoder; returns its per-trial function: the spelled text of greedy ids, or
+        the n-best hypotheses of log-probs."""
         lexicon = cmu_lexicon() if self.lexicon is None else load_lexicon(self.lexicon)
         decoder = WordDecoder(lexicon, self.lm, self.options)
-        return decoder.spell_greedy if self.spell else decoder.decode
+        return decoder.spell_greedy if self.spell else functools.partial(decoder.nbest, n=self.nbest)
 
 
-_worker_decode: Callable[[Any], str] | None = None  # set in each worker process by `_init_worker`
+_worker_decode: Callable[[Any], str | list[Hypothesis]] | None = None  # set in each worker by `_init_worker`
 
 
 def _init_worker(recipe: WordRecipe) -> None:
@@ -104,32 +123,60 @@ def _init_worker(recipe: WordRecipe) -> None:
     _worker_decode = recipe.decode_fn()
 
 
-def _decode_in_worker(item: Any) -> str:
+def _decode_in_worker(item: Any) -> str | list[Hypothesis]:
     assert _worker_decode is not None, "worker started without _init_worker"
     return _worker_decode(item)
 
 
 def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers: int = 1,
                  progress: bool = True) -> list[TrialResult]:
-    """`results` with `words` filled in, same order; `workers` > 1 decodes in that many processes.
+    """`results` with `decoded_words` (and, from the beam, `nbest`) filled in, same order;
+    `workers` > 1 decodes in that many processes.
 
     Beam search needs results decoded with `log_probs=True`; spelling needs only the greedy ids.
     Workers are spawned, not forked: the parent may hold an initialised XLA runtime.
     """
     if not recipe.spell and any(r.log_probs is None for r in results):
         raise ValueError("beam search needs each trial's log-probabilities: decode with log_probs=True")
-    items = [r.phonemes if recipe.spell else r.log_probs for r in results]
+    items = [r.decoded_phonemes if recipe.spell else r.log_probs for r in results]
     with contextlib.ExitStack() as stack:
         if workers <= 1:
-            texts = map(recipe.decode_fn(), items)
+            decoded = map(recipe.decode_fn(), items)
         else:
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,)))
-            texts = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
-        out = []
-        for r, text in zip(results, progress_bar(texts, total=len(items), unit="trial", desc="decoding words",
-                                                  disable=not progress)):
-            out.append(replace(r, words=text))
-    return out
+            decoded = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
+        bar = progress_bar(decoded, total=len(items), unit="trial", desc="decoding words", disable=not progress)
+        # the bar leads the zip: its last step is counted before the zip stops
+        return [replace(r, decoded_words=d) if isinstance(d, str) else replace(r, nbest=tuple(d), decoded_words=d[0].words)
+                for d, r in zip(bar, results)]
+
+
+def rescore(results: Sequence[TrialResult], scorer: CausalLMScorer, *, progress: bool = True) -> list[TrialResult]:
+    """`results` with every n-best hypothesis's `neural` score; each distinct sentence is scored once."""
+    if any(r.nbest is None for r in results):
+        raise ValueError("rescoring needs the beam search's n-best lists (spelled words have none)")
+    sentences = list(dict.fromkeys(h.words for r in results for h in r.nbest or ()))
+    scores = dict(zip(sentences, scorer.score(sentences, progress=progress)))
+    return [replace(r, nbest=tuple(replace(h, neural=scores[h.words]) for h in r.nbest or ())) for r in results]
+
+
+def choose(results: Sequence[TrialResult], weights: Weights, searched: Weights) -> list[TrialResult]:
+    """`results` whose `decoded_words` is the n-best hypothesis `weights` prefer (`b2t.words.nbest`)."""
+    return [r if r.nbest is None else replace(r, decoded_words=r.nbest[best(r.nbest, weights, searched)].words)
+            for r in results]
+
+
+def tune_weights(results: Sequence[TrialResult], searched: Weights, default: Weights | None = None,
+                 grid: Grid = Grid()) -> TuneResult:
+    """The n-best weights with the lowest WER over the labelled trials of `results` (`b2t.words.tune`):
+    `searched` the beam's own, `default` those used untuned (default: the beam's)."""
+    labelled = [r for r in results if r.reference_words is not None and r.nbest is not None]
+    if not labelled:
+        raise ValueError("--tune needs the beam's n-best lists of trials with reference sentences (e.g. --split val)")
+    references = [words_of(r.reference_words or "") for r in labelled]
+    edits = [[edit_distance(words_of(h.words), ref) for h in r.nbest or ()] for r, ref in zip(labelled, references)]
+    table = NBestTable([r.nbest or () for r in labelled], edits, searched)
+    return tune(table, sum(map(len, references)), default, grid)
 
 
 # --- a checkpoint over a dataset -----------------------------------------------------

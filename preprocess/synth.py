@@ -48,6 +48,7 @@ from preprocess.synth_core import (
     SynthSpec,
     SynthSummary,
     SynthTrial,
+    WordModel,
     _rng,
     build_word_model,
     generate_trials,
@@ -62,12 +63,14 @@ from preprocess.synth_core import (
 
 __all__ = [
     "build_word_model",
+    "draw_corpus",
     "GROUND_TRUTH_NAME",
     "load_lexicon",
     "main",
     "preset_spec",
     "read_spec",
     "session_days",
+    "split_sentences",
     "SPEC_NAME",
     "SynthSpec",
     "TRUTH_PARTS",
@@ -85,15 +88,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
     """
     lexicon = load_lexicon()
     model = build_word_model(list(lexicon), _rng(spec.seed, 0))
-    generate: Callable[[int, str], Iterator[SynthTrial]]
-    if spec.preset == "realistic":
-        from preprocess import synth_realistic  # it builds on this module's helpers
-
-        tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
-        generate = partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
-    else:
-        generate = partial(generate_trials, spec, model=model, lexicon=lexicon,
-                           patterns=phoneme_patterns(_rng(spec.seed, 1)))
+    generate = _trial_generator(spec, model, lexicon)
     lengths: list[int] = []
     label_lens: list[int] = []
     used: set[str] = set()
@@ -118,8 +113,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
                         lengths.append(len(t.features))
                         label_lens.append(len(t.labels))
                         used.update(t.words)
-    corpus_rng = _rng(spec.seed, 5)
-    corpus = [sample_sentence(model, corpus_rng, spec.words) for _ in range(spec.corpus_sentences)]
+    corpus = draw_corpus(spec, model)
     used.update(w for s in corpus for w in s)
     (out / "corpus.txt").write_text("".join(" ".join(s) + "\n" for s in corpus))
     (out / "lexicon.txt").write_text(
@@ -133,6 +127,38 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
         words=len(used),
         bytes=sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
     )
+
+
+def _trial_generator(spec: SynthSpec, model: WordModel,
+                     lexicon: dict[str, tuple[int, ...]]) -> Callable[[int, str], Iterator[SynthTrial]]:
+    """(day, split) -> that split's trials of that session, as the spec's preset makes them."""
+    if spec.preset == "realistic":
+        from preprocess import synth_realistic  # it builds on this module's helpers
+
+        tables = synth_realistic.speech_tables(_rng(spec.seed, 1))
+        return partial(synth_realistic.generate_trials, spec, model=model, lexicon=lexicon, tables=tables)
+    return partial(generate_trials, spec, model=model, lexicon=lexicon, patterns=phoneme_patterns(_rng(spec.seed, 1)))
+
+
+def draw_corpus(spec: SynthSpec, model: WordModel | None = None, n: int | None = None) -> list[tuple[str, ...]]:
+    """corpus.txt's sentences (`n` of them; default spec.corpus_sentences), from the spec's word
+    model: a larger `n` draws the same sentences first, then more (an LM that has read more text)."""
+    if model is None:
+        model = build_word_model(list(load_lexicon()), _rng(spec.seed, 0))
+    rng = _rng(spec.seed, 5)
+    return [sample_sentence(model, rng, spec.words) for _ in range(spec.corpus_sentences if n is None else n)]
+
+
+def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], str]:
+    """(session, block, trial) -> sentence of every trial of `split`, drawn again from the spec.
+
+    The test files carry no sentences, as the competition's; this is how a submission on
+    synthetic data is scored all the same (the trials are regenerated, features and all).
+    """
+    lexicon = load_lexicon()
+    generate = _trial_generator(spec, build_word_model(list(lexicon), _rng(spec.seed, 0)), lexicon)
+    return {(session, t.block, t.trial): " ".join(t.words)
+            for day, session in enumerate(session_names(spec)) for t in generate(day, split)}
 
 
 def read_spec(out: Path) -> SynthSpec | None:

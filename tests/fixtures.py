@@ -6,7 +6,9 @@ pytest can still rewrite this module's asserts).
 (few sessions, little per-session drift) so evaluation tests have a checkpoint that
 decodes well above chance within a CI-sized run. It lives here rather than in the
 suite-wide conftest because only the evaluation tests need it; loaded as a plugin it is
-one fixture for the whole session, so the training happens once.
+one fixture for the whole session, so the training happens once. `second_checkpoint` (the
+same recipe with another seed, an ensemble's second member) and `causal_lm` (a tiny GPT-2
+trained on the synthetic corpus, saved as `b2t-eval --rescore` reads it) build on it.
 """
 
 from __future__ import annotations
@@ -65,3 +67,26 @@ def build_trained_run(root: Path) -> TrainedRun:
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> TrainedRun:
     return build_trained_run(tmp_path_factory.mktemp("trained_run"))
+
+
+@pytest.fixture(scope="session")
+def second_checkpoint(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same recipe on the same shards with another train.seed: an ensemble's second member."""
+    cfg = load_config(TINY_CONFIG, DATA_OVERRIDES + TRAIN_OVERRIDES + ("train.seed=1",))
+    run = tmp_path_factory.mktemp("second_run") / "run"
+    train(trained_run.shards, run, cfg, RunOptions(progress=False))
+    return run / "best.safetensors"
+
+
+CAUSAL_LM_STEPS = 150
+"""Enough for the tiny GPT-2 to prefer the corpus's word pairs (a few seconds on one core)."""
+
+
+@pytest.fixture(scope="session")
+def causal_lm(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer GPT-2 with a word-level tokenizer trained on the synthetic corpus, saved with
+    save_pretrained: what `b2t-eval --rescore DIR` loads."""
+    from tools.tiny_causal_lm import train_causal_lm
+
+    sentences = (trained_run.hdf5 / "corpus.txt").read_text().splitlines()
+    return train_causal_lm(sentences, tmp_path_factory.mktemp("causal_lm") / "lm", steps=CAUSAL_LM_STEPS)

@@ -20,5 +20,12 @@ def test_summary_scores_per_and_wer_as_the_competition_does():
     assert s.wer.rate(S1) == 0.0 and s.wer.rate() == pytest.approx(2 / 5)  # it's / fine vs it / is / fine
     d = s.to_dict()
     assert d["wer_session"]["groups"][S2]["edits"] == 2 and d["per_session"]["all"]["ref_len"] == 6
-    assert summarize(r for r in results if r.words is None).wer is None
-    assert results[2].to_dict()["edits"] is None and results[0].to_dict()["word_edits"] == 0
+    assert summarize(r for r in results if r.decoded_words is None).wer is None
+    test_trial = results[2].to_dict()
+    assert test_trial["reference_phonemes"] is None and test_trial["phoneme_edits"] is None
+    assert test_trial["loss"] is None and test_trial["reference_words"] is None and test_trial["word_edits"] is None
+    assert results[0].to_dict()["word_edits"] == 0 and results[0].to_dict()["decoded_words"] == "hello world"
+
+
+def test_a_split_without_references_has_no_loss():
+    assert summarize([result(S1, "trial_0000", [1, 2], words="hi")]).to_dict()["loss"] is None

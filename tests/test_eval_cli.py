@@ -58,8 +58,8 @@ def test_val_end_to_end_per_table_and_trial_lines(trained_run: TrainedRun, tmp_p
     trials = read_lines(tmp_path / "trials.jsonl")
     assert [t["id"] for t in trials] == list(range(n_val))  # padding rows skipped, every trial once
     assert [(t["session"], t["block"], t["trial"]) for t in trials] == hdf5_order(trained_run.hdf5, "val")
-    assert sum(t["edits"] for t in trials) == summary["per_session"]["all"]["edits"]
-    assert all(t["reference"] and t["sentence"] and t["words"] is None for t in trials)
+    assert sum(t["phoneme_edits"] for t in trials) == summary["per_session"]["all"]["edits"]
+    assert all(t["reference_phonemes"] and t["reference_words"] and t["decoded_words"] is None for t in trials)
 
 
 def test_test_split_submission_has_one_row_per_trial_in_competition_order(trained_run: TrainedRun, tmp_path):
@@ -74,7 +74,11 @@ def test_test_split_submission_has_one_row_per_trial_in_competition_order(traine
     assert [int(r[0]) for r in rows[1:]] == list(range(len(order)))
     trials = read_lines(tmp_path / "trials.jsonl")
     assert [(t["session"], t["block"], t["trial"]) for t in trials] == order
-    assert [r[1] for r in rows[1:]] == [normalize_text(t["words"]) for t in trials]
+    assert [r[1] for r in rows[1:]] == [normalize_text(t["decoded_words"]) for t in trials]
+    for t in trials:  # the test split has no references: nulls, not zeros or empty strings
+        assert t["reference_phonemes"] is t["reference_words"] is t["loss"] is None
+        assert t["phoneme_edits"] is t["word_edits"] is None
+    assert json.loads((tmp_path / "summary.json").read_text())["loss"] is None
     assert all(re.fullmatch(r"[a-z']+( [a-z']+)*", r[1]) for r in rows[1:])
     assert "no PER" in output and "WER" not in output  # test trials carry no sentences
 

@@ -46,13 +46,14 @@ CONDITIONS = {"structured": 4, "no_structured": 0}
 """Dataset name -> --structured-noise-rank."""
 
 
-def make_dataset(work: Path, name: str, rank: int) -> tuple[Path, Path]:
-    """The realistic preset (seed 0, 5 sessions, ground truth kept) and its shards; reused when
-    present (the slow learning tests train on the structured one)."""
+def make_dataset(work: Path, name: str, rank: int, **overrides: Any) -> tuple[Path, Path]:
+    """The realistic preset (seed 0, 5 sessions, ground truth kept; `overrides`: other SynthSpec
+    fields, e.g. val_trials) and its shards; reused when present (the slow learning tests
+    train on the structured one)."""
     from preprocess.synth import SynthSpec, preset_spec, read_spec, write_dataset
     from preprocess.writer import prepare_dataset
 
-    spec: SynthSpec = replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True)
+    spec: SynthSpec = replace(preset_spec("realistic"), structured_noise_rank=rank, ground_truth=True, **overrides)
     hdf5, shards = work / name / "hdf5", work / name / "shards"
     if read_spec(hdf5) != spec:
         shutil.rmtree(work / name, ignore_errors=True)

@@ -3,5 +3,7 @@ lexicon-constrained CTC beam search (flashlight-text + KenLM) that turns one tri
 phoneme log-probabilities into a sentence, beside the no-LM greedy spelling baseline.
 
 Modules: `lexicon` (word pronunciations, text normalisation), `ngram` (ARPA builder),
-`beam` (decoder), `cli` (`b2t-lm build`, `b2t-lm lexicon`).
+`beam` (decoder), `nbest` (its n best hypotheses and the weights that choose among them),
+`rescore` (a causal LM's sentence scores, the `rescore` extra), `tune` (weights tuned on
+val and their file), `cli` (`b2t-lm build`, `b2t-lm lexicon`).
 """

@@ -1,7 +1,8 @@
 """Phoneme log-probabilities -> words: a lexicon-constrained CTC beam search with a word LM.
 
 The search itself is flashlight-text's `LexiconDecoder` (C++; KenLM reads the LM, ARPA or binary);
-this module only wires our classes into it. The data writes SIL after every word,
+this module only wires our classes into it and reads the final beam as an n-best list
+(`b2t.words.nbest`). The data writes SIL after every word,
 including the last, so each word is spelled in the trie as its phonemes followed by SIL:
 a word is complete (and scored by the LM) when its closing SIL is emitted, and further
 SIL frames between words stay at the trie root. Blank is class 0, as in training.
@@ -32,6 +33,7 @@ from flashlight.lib.text.dictionary import Dictionary
 from b2t.phonemes import BLANK_ID, N_CLASSES, SILENCE_ID
 from b2t.words.kenlm_binary import kenlm_reason
 from b2t.words.lexicon import Lexicon, Pronunciation
+from b2t.words.nbest import Hypothesis
 from b2t.words.ngram import UNK
 
 MAX_HOMOPHONES = 6
@@ -170,15 +172,35 @@ class WordDecoder:
         log_probs: (P, 41) log-softmax outputs of the trial's valid frames only (padding
         frames would be read as speech).
         """
+        return self.nbest(log_probs, 1)[0].words
+
+    def nbest(self, log_probs: np.ndarray | torch.Tensor, n: int) -> list[Hypothesis]:
+        """Up to `n` distinct word sequences of the search's final beam, best first, with their scores.
+
+        log_probs as for `decode`. Hypotheses of the beam that spell the same words (other
+        alignments, homophones' paths) are merged into the best-scoring one.
+        """
         emissions = torch.as_tensor(log_probs, dtype=torch.float32, device="cpu").detach()
         if emissions.ndim != 2 or emissions.shape[1] != N_CLASSES:
             raise ValueError(f"log_probs must have shape (P, {N_CLASSES}), got {tuple(emissions.shape)}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
         if emissions.shape[0] == 0:
-            return ""
+            return [Hypothesis(words="", acoustic=0.0, ngram=0.0, n_words=0, beam=0.0)]
         frames = np.ascontiguousarray(emissions.numpy())  # (P, 41) float32, kept alive during decode
-        best = self._decoder.decode(frames.ctypes.data, frames.shape[0], N_CLASSES)[0]
+        results = sorted(self._decoder.decode(frames.ctypes.data, frames.shape[0], N_CLASSES),
+                         key=lambda r: -r.score)  # flashlight returns them best first already; stable
         unk = len(self._words) - 1
-        return " ".join(self._words[i] for i in best.words if 0 <= i < unk)
+        out: dict[str, Hypothesis] = {}
+        for r in results:
+            words = [self._words[i] for i in r.words if 0 <= i < unk]
+            text = " ".join(words)
+            if text not in out:
+                out[text] = Hypothesis(words=text, acoustic=r.emittingModelScore, ngram=r.lmScore,
+                                       n_words=len(words), beam=r.score)
+                if len(out) == n:
+                    break
+        return list(out.values())
 
     def spell_greedy(self, phoneme_ids: Sequence[int]) -> str:
         """Words for a greedy phoneme sequence without any LM (the baseline to beat).

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.phonemes import PHONEME_IDS, SILENCE_ID
-from preprocess.synth import main, read_spec, write_dataset
+from preprocess.synth import draw_corpus, main, preset_spec, read_spec, split_sentences, write_dataset
 from preprocess.synth_core import (
     LABEL_WIDTH,
     SPEC_NAME,
@@ -362,3 +362,29 @@ def test_a_spec_written_before_structured_noise_reads_as_off(tmp_path: Path) -> 
     old = {k: v for k, v in asdict(SPEC).items() if not k.startswith("structured_noise")}
     (tmp_path / SPEC_NAME).write_text(json.dumps(old))
     assert read_spec(tmp_path) == SPEC  # so rerunning b2t-synth over an old dataset does nothing
+
+
+@pytest.mark.parametrize("preset", ["basic", "realistic"])
+def test_split_sentences_are_the_sentences_written(preset: str, datasets: dict[str, Path], tmp_path: Path) -> None:
+    """Drawn again from the spec: the val files' sentence labels, and one per test trial (whose files have none)."""
+    if preset == "basic":
+        spec, root = SPEC, datasets["a"]
+    else:
+        spec, root = preset_spec("realistic", sessions=2, train_trials=2, val_trials=2, test_trials=3), tmp_path / "r"
+        write_dataset(spec, root)
+    for split in ("val", "test"):
+        written = {}
+        for path in sorted(root.glob(f"*/data_{split}.hdf5")):
+            with h5py.File(path, "r") as f:
+                written.update({(path.parent.name, int(g.attrs["block_num"]), int(g.attrs["trial_num"])):
+                                g.attrs.get("sentence_label") for g in f.values()})
+        drawn = split_sentences(spec, split)
+        assert drawn.keys() == written.keys() and all(drawn.values())
+        if split == "val":
+            assert drawn == written
+
+
+def test_a_larger_corpus_starts_with_corpus_txt(datasets: dict[str, Path]) -> None:
+    written = (datasets["a"] / "corpus.txt").read_text().splitlines()
+    larger = [" ".join(s) for s in draw_corpus(SPEC, n=3 * SPEC.corpus_sentences)]
+    assert larger[:len(written)] == written and len(larger) == 3 * len(written)

@@ -56,7 +56,7 @@ def evaluate(stepper: Stepper, batch: Batch) -> dict[str, Any]:
     """Per-row losses, greedy phonemes and PER of `batch` (device tensors, as the evaluator hands them)."""
     placed = batch.to(stepper.backend.device)  # labels are read from the host batch
     results = list(decode_batches(lambda _: stepper.eval_step(placed), [batch]))
-    return {"eval_nll": [r.loss for r in results], "phonemes": [list(r.phonemes) for r in results],
+    return {"eval_nll": [r.loss for r in results], "phonemes": [list(r.decoded_phonemes) for r in results],
             "per": summarize(results).per.rate()}
 
 

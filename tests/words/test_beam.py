@@ -103,13 +103,6 @@ def wer(hypotheses: list[str], references: list[str]) -> float:
 
 
 @pytest.fixture(scope="module")
-def lm_path(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("lm") / "lm.arpa"
-    path.write_text(build_arpa(sentences(400, seed=0), order=3))
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def decoder(lm_path: str) -> WordDecoder:
     return WordDecoder(LEXICON, lm_path)
 

@@ -1,0 +1,223 @@
+"""The n-best weights tuned on labelled trials (`b2t-eval --tune`), and the file that carries them.
+
+The beam searched once, with its own weights, and kept each trial's n best hypotheses with
+their scores (`b2t.words.nbest`). Choosing among them again under other `Weights` needs
+no new search, so every grid point is one argmax per trial over the kept list: all points,
+trials and hypotheses at once as (points, trials, n) arrays. The search is a full grid
+(`Grid`), then a coordinate search from its best point: along each weight while the WER
+falls, at the grid's spacing (so past its edge if need be), then at half of it, and so on. The
+default weights (those the run would choose with untuned: the beam's own, plus the given
+neural weight when rescoring) are one of the points and win every tie, so the WER reported
+is never worse than theirs; among other equal points the one nearest to them wins.
+
+The weights file (`save_weights`, JSON) records the weights, the beam settings and n-best
+size they were tuned over and what they were tuned on; `b2t-eval --weights FILE` searches
+with those settings and chooses with those weights, so the val WER it gives is the one
+tuning reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from b2t.atomic import atomic_write_text
+from b2t.words.nbest import Hypothesis, Weights
+
+WEIGHTS_KIND = "b2t-eval n-best weights"
+WEIGHTS_VERSION = 1
+MAX_CELLS = 4_000_000
+"""Score cells (points x trials x n) computed at once."""
+MAX_WALK = 40
+"""Steps the coordinate search takes along one weight per round at most."""
+
+
+def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
+    return tuple(float(v) for v in np.round(np.arange(lo, hi + step / 2, step), 6))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The full grid's values per weight (the coordinate search then refines between them)."""
+
+    lm_weight: tuple[float, ...] = _steps(0.0, 3.0, 0.25)
+    word_score: tuple[float, ...] = _steps(-3.0, 6.0, 0.5)
+    neural_weight: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
+    rounds: int = 4  # coordinate-search rounds after the first (at the grid's spacing), each with half the step
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    default: Weights  # the weights untuned
+    default_errors: int
+    best: Weights
+    best_errors: int
+    reference_words: int
+    points: int  # grid points scored
+
+    @property
+    def default_wer(self) -> float:
+        return self.default_errors / self.reference_words
+
+    @property
+    def best_wer(self) -> float:
+        return self.best_errors / self.reference_words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"default": {**self.default.to_dict(), "wer": self.default_wer},
+                "best": {**self.best.to_dict(), "wer": self.best_wer},
+                "reference_words": self.reference_words, "points": self.points}
+
+
+class NBestTable:
+    """Trials' n-best lists as (trials, n) arrays; `errors` scores many weight points at once.
+
+    nbests: each trial's hypotheses, best first; edits: each hypothesis's word edits against
+    its trial's reference. Missing entries (shorter lists) never win.
+    """
+
+    def __init__(self, nbests: Sequence[Sequence[Hypothesis]], edits: Sequence[Sequence[int]],
+                 searched: Weights) -> None:
+        if not nbests or any(not n for n in nbests):
+            raise ValueError("tuning needs at least one trial, each with at least one hypothesis")
+        self.searched = searched
+        width = max(map(len, nbests))
+        shape = (len(nbests), width)
+        self.beam = np.full(shape, -np.inf)  # (trials, n)
+        self.ngram, self.n_words, self.neural = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+        self.edits = np.zeros(shape, dtype=np.int64)
+        self.has_neural = all(h.neural is not None for n in nbests for h in n)
+        for t, (hyps, errs) in enumerate(zip(nbests, edits)):
+            if len(hyps) != len(errs):
+                raise ValueError(f"trial {t}: {len(hyps)} hypotheses but {len(errs)} edit counts")
+            for k, (h, e) in enumerate(zip(hyps, errs)):
+                self.beam[t, k], self.ngram[t, k], self.n_words[t, k] = h.beam, h.ngram, h.n_words
+                self.neural[t, k] = h.neural if self.has_neural else 0.0
+                self.edits[t, k] = e
+
+    def errors(self, points: Sequence[Weights]) -> np.ndarray:
+        """(len(points),) total word edits of the hypotheses each point chooses."""
+        out = []
+        per_chunk = max(1, MAX_CELLS // self.beam.size)
+        for start in range(0, len(points), per_chunk):
+            chunk = points[start:start + per_chunk]
+            da = np.array([p.lm_weight - self.searched.lm_weight for p in chunk])[:, None, None]  # (G, 1, 1)
+            dc = np.array([p.word_score - self.searched.word_score for p in chunk])[:, None, None]
+            b = np.array([p.neural_weight for p in chunk])[:, None, None]
+            scores = self.beam + da * self.ngram + dc * self.n_words + b * self.neural  # (G, trials, n)
+            chosen = scores.argmax(-1)  # (G, trials): the first of equal scores, as `nbest.best`
+            out.append(np.take_along_axis(self.edits[None], chosen[..., None], -1)[..., 0].sum(-1))
+        return np.concatenate(out)
+
+
+def tune(table: NBestTable, reference_words: int, default: Weights | None = None, grid: Grid = Grid()) -> TuneResult:
+    """The weights with the fewest word errors over `table` (see the module docstring).
+
+    reference_words: the total reference length (WER's denominator); default: the weights
+    untuned (the beam's own if None). The neural weight is searched only when every
+    hypothesis has a neural score.
+    """
+    if reference_words < 1:
+        raise ValueError("tuning needs trials with reference sentences (a labelled split such as val)")
+    default = default or table.searched
+    if default.neural_weight and not table.has_neural:
+        raise ValueError("the default weights weigh a neural LM score the n-best lists do not have")
+    neural = grid.neural_weight if table.has_neural else (0.0,)
+    steps = {"lm_weight": _spacing(grid.lm_weight), "word_score": _spacing(grid.word_score),
+             "neural_weight": _spacing(neural) if table.has_neural else 0.0}
+    scored: dict[Weights, int] = {}
+
+    def score(points: list[Weights]) -> None:
+        new = [p for p in dict.fromkeys(points) if p not in scored]
+        if new:
+            scored.update(zip(new, (int(e) for e in table.errors(new))))
+
+    def rank(p: Weights) -> tuple[int, float]:
+        distance = sum(abs(getattr(p, k) - getattr(default, k)) / s for k, s in steps.items() if s)
+        return scored[p], distance
+
+    score([default, table.searched] + [Weights(lm_weight=a, neural_weight=b, word_score=c)
+                        for a, b, c in itertools.product(grid.lm_weight, neural, grid.word_score)])
+    best = min(scored, key=rank)
+    for r in range(grid.rounds + 1):  # the grid's spacing first (it may walk past the grid's edge), then halves
+        for name, step in steps.items():
+            if not step:
+                continue
+            delta = step / 2 ** r
+            for _ in range(MAX_WALK):  # on along this weight while it gets better
+                value = getattr(best, name)
+                candidates = [_with(best, name, v) for v in (value - delta, value + delta)
+                              if v >= 0 or name == "word_score"]
+                score(candidates)
+                moved = min([best, *candidates], key=rank)
+                if moved == best:
+                    break
+                best = moved
+    return TuneResult(default=default, default_errors=scored[default], best=best, best_errors=scored[best],
+                      reference_words=reference_words, points=len(scored))
+
+
+def _spacing(values: Sequence[float]) -> float:
+    """The grid's smallest step along one weight (0 for a single value)."""
+    v = sorted(set(values))
+    return float(min(np.diff(v))) if len(v) > 1 else 0.0
+
+
+def _with(w: Weights, name: str, value: float) -> Weights:
+    d = w.to_dict()
+    d[name] = round(float(value), 6)
+    return Weights(**d)
+
+
+# --- the weights file ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WeightsFile:
+    """What `--weights FILE` applies: choose with `weights` among the `nbest` best hypotheses
+    of a beam searching with `search` (BeamOptions' fields)."""
+
+    weights: Weights
+    search: dict[str, Any]
+    nbest: int
+    lm: str | None  # the n-gram LM tuned with (for the record and the check that one is given)
+    rescore: str | None  # the causal LM directory tuned with
+    tuned_on: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": WEIGHTS_KIND, "version": WEIGHTS_VERSION, "weights": self.weights.to_dict(),
+                "search": self.search, "nbest": self.nbest, "lm": self.lm, "rescore": self.rescore,
+                "tuned_on": self.tuned_on}
+
+
+def save_weights(path: Path, wf: WeightsFile) -> None:
+    atomic_write_text(path, json.dumps(wf.to_dict(), indent=1) + "\n")
+
+
+def load_weights(path: Path) -> WeightsFile:
+    """The weights file at `path`; a file that is not one is a ValueError naming it and why."""
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a weights file that b2t-eval --tune writes ({e})") from None
+    if not isinstance(d, dict) or d.get("kind") != WEIGHTS_KIND:
+        raise ValueError(f"{path}: not a weights file that b2t-eval --tune writes (no kind {WEIGHTS_KIND!r})")
+    if d.get("version") != WEIGHTS_VERSION:
+        raise ValueError(f"{path}: weights file version {d.get('version')!r}; this b2t reads version {WEIGHTS_VERSION}")
+    try:
+        weights = Weights(**{k: float(d["weights"][k]) for k in ("lm_weight", "neural_weight", "word_score")})
+        search, nbest = dict(d["search"]), int(d["nbest"])
+        lm, rescore = d.get("lm"), d.get("rescore")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: a weights file with a missing or malformed field ({e!r})") from None
+    if nbest < 1:
+        raise ValueError(f"{path}: nbest must be >= 1, got {nbest}")
+    return WeightsFile(weights=weights, search=search, nbest=nbest, lm=lm, rescore=rescore,
+                       tuned_on=dict(d.get("tuned_on") or {}))
