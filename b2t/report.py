@@ -19,6 +19,7 @@ import click
 
 from b2t.atomic import atomic_write_bytes
 from b2t.cli_errors import Command, UserError
+from b2t.paths import Place, refuse_clashes
 from b2t.train.metrics_log import scan_records, skipped_summary
 
 METRICS, REPORT = "metrics.jsonl", "report.png"
@@ -103,6 +104,7 @@ def main(run_dir: Path, output: Path | None) -> None:
     """Plot RUN's learning curves (losses, validation PER overall and per session, learning
     rates, steps/s and gradient norm) from RUN/metrics.jsonl into a PNG."""
     output = output or run_dir / REPORT
+    refuse_clashes([Place("-o", output)], [Place("RUN", run_dir / METRICS)])
     panels, note = load_curves(run_dir)
     if note:
         click.secho(f"warning: {note}: the report plots the other records", fg="yellow", err=True)
