@@ -80,3 +80,15 @@ def test_type_errors_from_a_yaml_file_name_the_file(tmp_path):
     p.write_text("train:\n  log_every: [1, 2]\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: train\.log_every=\[1, 2\] \(list\): expected an integer"):
         load_config(p)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.seed=-1", r"data.seed must be >= 0, got -1"),  # issue 35 case 19: numpy's traceback in b2t-preprocess
+    ("train.seed=1180591620717411303424", r"train.seed=1180591620717411303424: out of range"),  # 2**70: "Overflow"
+    ("train.steps=-99999999999999999999", r"train.steps=-99999999999999999999: out of range"),
+    ("optim.lr=1e400", r"optim.lr=inf: expected a finite number"),
+    ("augment.smooth_std=.nan", r"augment.smooth_std=nan: expected a finite number"),
+])
+def test_seeds_and_numbers_out_of_range_name_their_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "tiny.yaml", [override])
