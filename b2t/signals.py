@@ -56,7 +56,8 @@ class _Policy:
     def __init__(self, command: str) -> None:
         self.pid = os.getpid()
         self.command = command
-        self.now: Callable[[str], str] = lambda name: f"{command}: stopped by {name}; nothing partial is left"
+        self.now: Callable[[str], str] = lambda name: (f"stopped by {name}; nothing partial is left (outputs are "
+                                                       "written whole or not at all): run the same command again")
         self.cleanups: list[Callable[[], object]] = []
         self.deferring = 0
         self.pending: int | None = None

@@ -242,7 +242,8 @@ def main(ctx: click.Context, out: Path, overwrite: bool, **options: Any) -> None
             raise click.UsageError(f"{out} {why}")
         if foreign := foreign_entries(out, previous):
             shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-            raise click.UsageError(f"{out} holds {len(foreign)} entries b2t-synth did not write ({shown}): "
+            entries = f"{len(foreign)} {'entry' if len(foreign) == 1 else 'entries'}"
+            raise click.UsageError(f"{out} holds {entries} b2t-synth did not write ({shown}): "
                                    "--overwrite replaces only its own dataset; move them out of OUT, or choose another OUT")
     # Write beside OUT and rename at the end, so OUT is either absent, old, or complete.
     partial = out.resolve().with_name(f".{out.name}.partial")

@@ -93,7 +93,7 @@ def test_10_metadata_that_is_a_json_list_is_named(good, tiny_dataset):
     """An AttributeError at checkpoint.py:91 before."""
     path, _ = good
     _rewrite(path, meta=lambda m: [m])
-    with pytest.raises(ValueError, match=r"last.safetensors is not a b2t-checkpoint-1 file \(format None\)"):
+    with pytest.raises(CheckpointError, match=r"last.safetensors: its b2t metadata is a JSON list, expected an object"):
         read_state(path)
     _rewrite(path, meta=lambda m: {**m[0], "state": [1, 2]})
     with pytest.raises(CheckpointError, match="its saved state is a JSON list, expected an object"):

@@ -95,9 +95,8 @@ def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict
             tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
     except Exception as e:  # safetensors raises several types for a damaged header
         raise ValueError(f"{path} is not a readable b2t checkpoint: {e}") from None
-    format_ = meta.get("format") if isinstance(meta, dict) else None
-    if format_ != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} file (format {format_!r})")
+    if isinstance(meta, dict) and meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
     meta = check_meta(path, meta)
     check_tensors(path, tensors)
     return tensors, meta

@@ -35,10 +35,15 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used as it is; the message names the file and the problem."""
 
 
+def _json_type(value: Any) -> str:
+    names = {str: "string", list: "list", dict: "object", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
 def check_state(path: object, state: Any) -> dict[str, Any]:
     """The saved TrainState fields, checked: every required one there, of its type, none unknown."""
     if not isinstance(state, Mapping):
-        raise CheckpointError(f"{path}: its saved state is a JSON {type(state).__name__}, expected an object")
+        raise CheckpointError(f"{path}: its saved state is a JSON {_json_type(state)}, expected an object")
     unknown = sorted(set(state) - set(STATE_FIELDS))
     if unknown:
         raise CheckpointError(f"{path} holds state fields this b2t does not know ({', '.join(unknown)}): it was "
@@ -64,7 +69,7 @@ def check_meta(path: object, meta: Any) -> dict[str, Any]:
     """The `b2t` metadata, checked: an object whose `state` passes `check_state` and whose
     `param_groups`, if any, are objects listing parameter indices."""
     if not isinstance(meta, Mapping):
-        raise CheckpointError(f"{path}: its b2t metadata is a JSON {type(meta).__name__}, expected an object")
+        raise CheckpointError(f"{path}: its b2t metadata is a JSON {_json_type(meta)}, expected an object")
     meta = {**meta, "state": check_state(path, meta.get("state"))}
     groups = meta.get("param_groups")
     if groups is not None and not (isinstance(groups, list) and all(
