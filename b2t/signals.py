@@ -12,9 +12,11 @@ The one policy, installed by every b2t command (`b2t.cli_errors.Command`):
   removes its temp files), one line says what was stopped and what is kept, and the process
   exits 128 + the signal number (143 for SIGTERM, 130 for SIGINT). Every b2t output is
   written atomically, so stopping anywhere leaves old files or whole new ones.
-- Inside `deferred()` (b2t-train's steps) a signal is only recorded: the loop asks
-  `pending()` after each step, keeps its work (a checkpoint) and raises `Stopped`, whose
-  line and exit code the command prints and returns. A second signal stops at once.
+- Once `defer()` was called (b2t-train, before its first step) a signal is only recorded:
+  the loop asks `pending()` after each step, keeps its work (a checkpoint) and raises
+  `Stopped`, whose line and exit code the command prints and returns. A second signal
+  stops at once. (A signal recorded after the loop's last check, while the run finishes,
+  lets it finish.)
 Child processes ignore both signals and are stopped by their parent: forked ones (the
 loader's workers) inherit the handler, which does nothing outside the process that
 installed it; spawned pools call `ignore_stop_signals` first.
@@ -59,7 +61,7 @@ class _Policy:
         self.now: Callable[[str], str] = lambda name: (f"stopped by {name}; nothing partial is left (outputs are "
                                                        "written whole or not at all): run the same command again")
         self.cleanups: list[Callable[[], object]] = []
-        self.deferring = 0
+        self.deferring = False
         self.pending: int | None = None
 
     def handle(self, signum: int, frame: object) -> None:
@@ -131,21 +133,15 @@ def on_stop(cleanup: Callable[[], object]) -> None:
         _policy.cleanups.append(cleanup)
 
 
-@contextmanager
-def deferred() -> Iterator[None]:
-    """Within the block a signal is recorded, not acted on (see `pending`); a second one stops at once."""
-    if _policy is None:
-        yield
-        return
-    _policy.deferring += 1
-    try:
-        yield
-    finally:
-        _policy.deferring -= 1
+def defer() -> None:
+    """From here to the end of the command a signal is recorded, not acted on (see `pending`);
+    a second one stops at once."""
+    if _policy is not None:
+        _policy.deferring = True
 
 
 def pending() -> int | None:
-    """The signal received inside `deferred()` and not yet acted on, or None."""
+    """The signal received since `defer()` and not yet acted on, or None."""
     return None if _policy is None else _policy.pending
 
 

@@ -120,12 +120,12 @@ POLICY_SCRIPT = textwrap.dedent("""
             pool = multiprocessing.get_context("spawn").Pool(2, signals.ignore_stop_signals)
             pool.map(abs, range(4))  # the workers are up
             print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
-            with signals.deferred():
-                os.kill(os.getpid(), signal.SIGTERM)
-                assert signals.pending() == signal.SIGTERM
-                print("deferred", flush=True)
-                os.killpg(0, signal.SIGINT) if sys.argv[1] == "group" else os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(30)
+            signals.defer()
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert signals.pending() == signal.SIGTERM
+            print("deferred", flush=True)
+            os.killpg(0, signal.SIGINT) if sys.argv[1] == "group" else os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
         print("not reached", flush=True)
 """)
 

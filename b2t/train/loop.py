@@ -330,19 +330,19 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
         warm = warm_up(run, opts)
         stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
         signals.describe_stop(lambda name: interruptions.interrupted_line(name, run.state.step, run_dir / LAST))
-        with signals.deferred():  # a signal stops the run after the step in flight, kept in last.safetensors
-            while run.state.step < cfg.train.steps:
-                run.phase = f"step {run.state.step + 1}"
-                norm = run.step(stream)
-                if run.due(cfg.train.log_every):
-                    run.log_losses(norm)
-                    check_compiles(run, opts, f"by step {run.state.step}")
-                if run.has_val and run.due(cfg.train.val_every):
-                    run.validate()
-                if layout.is_main and run.due(cfg.train.checkpoint_every):
-                    run.checkpoint()
-                if (signum := interruptions.agreed_signal(layout.kind == "ddp")) is not None:
-                    raise stop(run, signum)
+        signals.defer()  # from now on a signal stops the run after the step in flight, kept in last.safetensors
+        while run.state.step < cfg.train.steps:
+            run.phase = f"step {run.state.step + 1}"
+            norm = run.step(stream)
+            if run.due(cfg.train.log_every):
+                run.log_losses(norm)
+                check_compiles(run, opts, f"by step {run.state.step}")
+            if run.has_val and run.due(cfg.train.val_every):
+                run.validate()
+            if layout.is_main and run.due(cfg.train.checkpoint_every):
+                run.checkpoint()
+            if (signum := interruptions.agreed_signal(layout.kind == "ddp")) is not None:
+                raise stop(run, signum)
         return finish(run, warm, opts)
     except Exception as e:
         if interruptions.is_out_of_memory(e):
