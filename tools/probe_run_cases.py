@@ -37,6 +37,15 @@ def run_probe(change: Callable[[Workspace, Path, Path], object], *extra: str,
     return make
 
 
+def _killed_in_the_warm_up(ws: Workspace, d: Path, run: Path) -> None:
+    """The run as a kill -9 during its warm-up leaves it: start-up records only, no checkpoint."""
+    for p in run.glob("*.safetensors"):
+        p.unlink()
+    records = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+               if r["kind"] in ("layout", "compile", "init")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 def _no_run_dir(d: Path, output: str) -> str | None:
     return f"{d / 'fresh'} was left behind" if (d / "fresh").exists() else None
 
@@ -63,16 +72,18 @@ RUN_PROBES = [
     Probe("--resume from a garbage last.safetensors", "b2t-train",
           run_probe(lambda ws, d, run: garbage(run / "last.safetensors", b"\x00" * 64), "--resume")),
     Probe("a run dir with a checkpoint, no --resume", "b2t-train", run_probe(lambda ws, d, run: "--resume")),
-    Probe("--resume before the first checkpoint", "b2t-train",
-          run_probe(lambda ws, d, run: [p.unlink() for p in run.glob("*.safetensors")] and None, "--resume"),
-          expect="ok", check=printed("starting from scratch")),
+    Probe("--resume before the first checkpoint (killed in the warm-up)", "b2t-train",
+          run_probe(_killed_in_the_warm_up, "--resume"), expect="ok", check=printed("starting from scratch")),
+    Probe("--resume after every checkpoint was deleted", "b2t-train",
+          run_probe(lambda ws, d, run: [p.unlink() for p in run.glob("*.safetensors")] and "last.safetensors",
+                    "--resume")),
     Probe("--init-from a missing file", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "fresh", "--init-from", str(d / "none.safetensors")),
                          [str(d / "none.safetensors")]), check=_no_run_dir),
     Probe("RUN_DIR a regular file", "b2t-train",
           lambda ws, d: ((d / "f").write_text("x") and None or train_args(ws.shards, d / "f"), [str(d / "f")])),
     Probe("DATASET a folder without a manifest", "b2t-train",
-          lambda ws, d: (train_args(d, d / "run"), ["manifest.json"])),
+          lambda ws, d: ((d / "ds").mkdir() or train_args(d / "ds", d / "run"), ["manifest.json"])),
     Probe("--init-from a garbage file (+ empty RUN dir)", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "fresh", "--init-from",
                                     str(garbage(d / "x.safetensors", b"junk" * 9))), [str(d / "x.safetensors")]),
