@@ -9,9 +9,10 @@ import click
 
 from b2t.cli_errors import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, Config, ConfigError, load_config
+from b2t.paths import Place, RegularFile, refuse_clashes
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    "--config", "config_path", type=RegularFile(),
     help="YAML config (configs/baseline.yaml is the reference recipe, configs/tiny.yaml the demo).",
 )
 set_option = click.option(
@@ -35,7 +36,7 @@ def fail(message: str) -> None:
                    "inductor: torch.compile on CUDA or CPU; eager: no compilation. Default: train.backend.")
 @click.option("--resume", is_flag=True, help="Continue RUN_DIR/last.safetensors exactly (same data order and schedule); "
               "with no checkpoint there yet (a run stopped before its first), start from scratch.")
-@click.option("--init-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--init-from", type=RegularFile(), default=None,
               metavar="CKPT", help="Start from this b2t checkpoint's weights (e.g. from b2t-import-baseline) with a "
               "fresh optimizer and schedule; day layers are matched by session name, new sessions start from identity.")
 @click.option("--verify-data", is_flag=True,
@@ -116,6 +117,7 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
             raise ValueError("DATASET is required (a b2t-preprocess output; only --plan runs without one)")
         if run_dir is None:
             raise ValueError("RUN_DIR is required (only --plan runs without one)")
+        refuse_clashes([Place("RUN_DIR", run_dir, tree=True)], [Place("DATASET", dataset, tree=True)])
         if compile_cache is not None:
             from b2t.train.devices import use_compile_cache
 
@@ -143,7 +145,7 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     mesh = cfg.mesh
     count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
     memory = parse_bytes(device_memory) if device_memory is not None else None
-    plan = plan_memory(buckets, n_days, cfg, count, spmd=xla and mesh.spmd, fsdp=mesh.fsdp, device_memory=memory)
+    plan = plan_memory(buckets, n_days, cfg, count, fsdp=mesh.fsdp, device_memory=memory)
     return f"planning for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + format_plan(plan, cfg)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -64,6 +65,7 @@ class DataConfig:
         _require(self.batch_size % self.row_multiple == 0,
                  f"data.batch_size={self.batch_size} must be a multiple of data.row_multiple={self.row_multiple}")
         _require(self.token_budget is None or self.token_budget >= 1, "data.token_budget must be >= 1 or null")
+        _require(self.seed >= 0, f"data.seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +183,7 @@ class TrainConfig:
         for name in ("steps", "grad_accum", "val_every", "log_every", "checkpoint_every", "shuffle_buffer"):
             _require(getattr(self, name) >= 1, f"train.{name} must be >= 1")
         _require(self.num_workers >= 0, "train.num_workers must be >= 0")
+        _require(self.seed >= 0, f"train.seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,11 +270,20 @@ def _type_name(tp: Any) -> str:
     return names.get(tp, f"a {getattr(tp, '__name__', tp)} mapping")
 
 
+INT_LIMIT = 2**63
+"""Integers are int64 everywhere they go (numpy, torch's seeds and shapes): larger ones are refused."""
+
+
 def check_value(key: str, value: Any, tp: Any) -> Any:
     """`value` for the field `key` declared as `tp` (an int given for a float field becomes a
-    float); a value of another type raises ConfigError naming the key, the value and the type."""
+    float); a value of another type, an integer beyond int64 or a NaN/Inf raises ConfigError
+    naming the key, the value and the type."""
     if not _fits(value, tp):
         raise ConfigError(f"{key}={value!r} ({type(value).__name__}): expected {_type_name(tp)}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise ConfigError(f"{key}={value}: out of range (integers are at most 2**63 - 1 in magnitude)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}={value}: expected a finite number")
     accepted = typing.get_args(tp) or (tp,)
     if isinstance(value, int) and not isinstance(value, bool) and float in accepted and int not in accepted:
         return float(value)

@@ -21,7 +21,7 @@ from click.core import ParameterSource
 from b2t.cli import config_option, fail, set_option
 from b2t.cli_errors import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
-from b2t.data.manifest import SPLITS, Manifest
+from b2t.data.manifest import MANIFEST_NAME, SPLITS, Manifest
 from b2t.decoding import TrialResult, summarize
 from b2t.ensemble import Member, evaluate_checkpoints
 from b2t.eval_output import (
@@ -35,6 +35,8 @@ from b2t.eval_output import (
     write_outputs,
 )
 from b2t.evaluate import WordRecipe, choose, decode_words, excluded_trials, rescore, submission_rows, tune_weights
+from b2t.paths import Place, RegularFile, refuse_clashes
+from b2t.run_lock import reading_dataset
 from b2t.train.devices import use_compile_cache
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.lexicon import LexiconError
@@ -180,8 +182,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("paths", nargs=-1, required=True, metavar="CHECKPOINT... DATASET",
-                type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, metavar="CHECKPOINT... DATASET", type=RegularFile(dir_okay=True))
 @click.option("--split", type=click.Choice(SPLITS[1:]), required=True, help="Which preprocessed split to decode.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="How to compile the eval step (default: the backend each checkpoint was trained with).")
@@ -191,10 +192,10 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
                    f"{SUMMARY_NAME} (PER/WER tables, compilations, times); --tune also writes {WEIGHTS_NAME}.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the competition submission (id,text; one row per trial) here. Needs words.")
-@click.option("--lexicon", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--lexicon", type=RegularFile(), default=None,
               help="Decode words with this lexicon (`word PH1 PH2 ...` lines, e.g. from `b2t-lm lexicon`).")
 @click.option("--cmudict", is_flag=True, help="Decode words with the whole CMU pronouncing dictionary.")
-@click.option("--lm", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--lm", type=RegularFile(), default=None,
               help="n-gram word LM for the beam search: ARPA text or a KenLM binary (from `b2t-lm build`; "
                    "a binary loads at once).")
 @click.option("--spell", is_flag=True,
@@ -250,6 +251,15 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
     plan = word_plan(ctx, p)
     if p["csv_path"] is not None and plan is None:
         raise click.UsageError("--csv needs words: pass --lexicon FILE or --cmudict (and --lm)")
+    out, csv_path, lexicon, lm, weights = p["out"], p["csv_path"], p["lexicon"], p["lm"], p["weights"]
+    written = [DECODED_NAME, TRIALS_NAME, SUMMARY_NAME, WEIGHTS_NAME]
+    refuse_clashes([*([Place("--csv", csv_path)] if csv_path else []),
+                    *([Place("--out", out, tree=True), *(Place("--out", out / n) for n in written)] if out else [])],
+                   [*(Place("CHECKPOINT", c) for c in checkpoints), Place("DATASET", dataset, tree=True),
+                    *([Place("--lexicon", lexicon)] if lexicon else []), *([Place("--lm", lm)] if lm else []),
+                    *([Place("--rescore", p["rescore"], tree=True)] if p["rescore"] else []),
+                    *([Place("--weights", weights)] if weights else [])])
+    ctx.with_resource(reading_dataset(dataset))  # no b2t-preprocess rewrites it meanwhile
     try:
         check_lm(p["lm"])
         results, members, tuned, seconds = run_stages(plan, checkpoints, dataset, p)
@@ -332,13 +342,13 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], dataset: Path
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", type=RegularFile(dir_okay=True))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The b2t checkpoint (.safetensors) to write.")
-@click.option("--sessions-from", "sessions_path", type=click.Path(exists=True, path_type=Path), default=None,
+@click.option("--sessions-from", "sessions_path", type=RegularFile(dir_okay=True), default=None,
               help="A b2t-preprocess output (or an args.yaml) whose session list numbers the output's day layers "
                    "[default: the baseline's own list from its args.yaml].")
-@click.option("--args", "args_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--args", "args_path", type=RegularFile(), default=None,
               help="The baseline's args.yaml [default: the one beside the checkpoint]: model sizes and sessions.")
 @config_option
 @set_option
@@ -351,9 +361,14 @@ def import_main(path: Path, output: Path, sessions_path: Path | None, args_path:
     come from args.yaml beside it (else from --config); each day layer is placed at its
     session's day index in the --sessions-from list.
     """
-    from b2t.import_baseline import BaselineError, import_baseline
+    from b2t.import_baseline import ARGS_NAME, BaselineError, find_checkpoint, import_baseline
 
     try:
+        source = find_checkpoint(path)
+        sessions = Path(sessions_path) / MANIFEST_NAME if sessions_path and Path(sessions_path).is_dir() else sessions_path
+        refuse_clashes([Place("-o", output, kind="a checkpoint")],
+                       [Place("PATH", source), Place("--args", args_path or source.parent / ARGS_NAME),
+                        *([Place("--sessions-from", sessions)] if sessions else [])])
         base = load_config(config_path, overrides)
         report = import_baseline(path, output, sessions_path=sessions_path, args_path=args_path, base=base)
     except (ConfigError, BaselineError, FileNotFoundError, ValueError) as e:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from b2t.config import Config, config_from_dict
+from b2t.config import Config, ConfigError, config_from_dict
 from b2t.contract import trial_number
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import Manifest
@@ -28,6 +28,7 @@ from b2t.decoding import TrialResult, decode_batches
 from b2t.metrics import edit_distance
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
+from b2t.signals import ignore_stop_signals
 from b2t.text import normalize_text, words_of
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
@@ -119,6 +120,7 @@ _worker_decode: Callable[[Any], str | list[Hypothesis]] | None = None  # set in 
 
 def _init_worker(recipe: WordRecipe) -> None:
     global _worker_decode
+    ignore_stop_signals()  # Ctrl-C reaches every worker; the parent stops them (b2t.signals)
     torch.set_num_threads(1)  # workers share the cores; the search is single-threaded C++
     _worker_decode = recipe.decode_fn()
 
@@ -208,7 +210,10 @@ class Evaluator:
         self.state = read_state(self.path)  # the header alone; load_checkpoint below reads the tensors
         if not self.state.config or not self.state.sessions:
             raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
-        self.cfg: Config = config_from_dict(self.state.config)
+        try:
+            self.cfg: Config = config_from_dict(self.state.config)
+        except ConfigError as e:
+            raise ValueError(f"{self.path}: its saved config does not fit this b2t: {e}") from None
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
         model = build_model(self.cfg.model, len(self.state.sessions))
         load_checkpoint(self.path, model)

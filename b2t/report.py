@@ -22,6 +22,7 @@ import click
 
 from b2t.atomic import atomic_write_bytes
 from b2t.cli_errors import Command, UserError
+from b2t.paths import Place, refuse_clashes
 from b2t.report_figure import Points, RunCurves, render
 from b2t.train.metrics_log import scan_records, skipped_summary
 
@@ -129,6 +130,7 @@ def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...
         if len(run_dirs) > 1:
             raise UserError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
         output = run_dirs[0] / REPORT
+    refuse_clashes([Place("-o", output)], [Place("RUN", d / METRICS) for d in run_dirs])
     runs = []
     for run_dir in run_dirs:
         run, note = load_curves(run_dir)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from b2t.buckets import bucket_index, bucket_table, ctc_min_patches, padding_fraction, patch_count
+from b2t.buckets import align_length, bucket_index, bucket_table, ctc_min_patches, padding_fraction, patch_count
 from b2t.config import ConfigError, DataConfig, ModelConfig
 from b2t.contract import BucketShape
 from b2t.data.manifest import SPLITS, Exclusion
@@ -81,6 +81,29 @@ def split_feasible(refs: Iterable[TrialRef], model: ModelConfig) -> tuple[list[T
             kept.append(ref)
         else:
             excluded.append(Exclusion(file=ref.file, trial=ref.group, reason=reason))
+    return kept, excluded
+
+
+def too_long(refs: Iterable[TrialRef], data: DataConfig, model: ModelConfig, *,
+             skip_bad: bool) -> tuple[list[TrialRef], list[Exclusion]]:
+    """Keep the trials a batch can hold under `data.token_budget` (B x T, with B at least
+    `data.row_multiple`); the others raise DataError naming the first, or with `skip_bad` become
+    exclusions. Such a trial made the whole bucket table fail, naming no trial."""
+    if data.token_budget is None:
+        return list(refs), []
+    longest = data.token_budget // data.row_multiple  # the longest T a batch of row_multiple rows fits
+    kept, excluded = [], []
+    for ref in refs:
+        T = align_length(ref.n_time_steps, model.patch_size, model.patch_stride)
+        if T <= longest:
+            kept.append(ref)
+            continue
+        reason = (f"{ref.n_time_steps} bins need a bucket of T={T}, and data.token_budget={data.token_budget} holds "
+                  f"{data.token_budget // T} rows of it, fewer than data.row_multiple={data.row_multiple}")
+        if not skip_bad:
+            raise DataError(ref.file, ref.group, f"{reason}: raise data.token_budget to at least "
+                                                 f"{T * data.row_multiple}, or pass --skip-bad to leave it out")
+        excluded.append(Exclusion(file=ref.file, trial=ref.group, reason=reason))
     return kept, excluded
 
 
@@ -218,12 +241,15 @@ def split_stats(plans: Sequence[BatchPlan], buckets: Sequence[BucketShape]) -> S
     )
 
 
-def plan_layout(refs: Sequence[TrialRef], data: DataConfig, model: ModelConfig) -> Layout:
-    """Exclusions, the shared bucket table and every batch plan for `refs` (any splits)."""
+def plan_layout(refs: Sequence[TrialRef], data: DataConfig, model: ModelConfig, *, skip_bad: bool = False) -> Layout:
+    """Exclusions, the shared bucket table and every batch plan for `refs` (any splits).
+    `skip_bad`: a trial longer than the token budget allows is excluded, not an error."""
     unknown = sorted({r.split for r in refs} - set(SPLITS))
     if unknown:
         raise ValueError(f"unknown splits {unknown}; expected some of {SPLITS}")
-    kept, exclusions = split_feasible(refs, model)
+    fitting, overlong = too_long(refs, data, model, skip_bad=skip_bad)
+    kept, exclusions = split_feasible(fitting, model)
+    exclusions = overlong + exclusions
     if not kept:
         first = f" (first: {exclusions[0].file}: {exclusions[0].trial}: {exclusions[0].reason})" if exclusions else ""
         raise DataError("the input", None, f"no trial is left to batch: {len(exclusions)} excluded{first}")

@@ -13,6 +13,7 @@ import click
 from b2t.cli_errors import Group, UserError
 from b2t.config import ConfigError, load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS
+from b2t.paths import Place, RegularFile, refuse_clashes
 from preprocess.trials import DataError
 from preprocess.verify import verify
 from preprocess.writer import OutputDirError, PrepareReport, prepare_dataset
@@ -53,7 +54,7 @@ def _splits(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str
 @main.command(DEFAULT_COMMAND)
 @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+@click.option("--config", "config_path", type=RegularFile(),
               help="YAML config (its data and model sections are used; default: built-in defaults).")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
               help="Override one config value, e.g. --set data.n_buckets=3 (repeatable).")
@@ -73,6 +74,7 @@ def build(src: Path, out: Path, config_path: Path | None, overrides: tuple[str, 
     follow the config. A re-run with the same inputs and config only finishes what is
     missing; OUT/manifest.json is written last.
     """
+    refuse_clashes([Place("OUT", out, tree=True)], [Place("SRC", src, tree=True)])
     try:
         config = load_config(config_path, list(overrides) + ([f"data.epochs={epochs}"] if epochs else []))
         report = prepare_dataset(src, out, config, splits=splits, skip_bad=skip_bad, workers=workers,

@@ -30,6 +30,7 @@ import torch
 
 from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, TRIAL_GROUP, trial_number
 from b2t.data.manifest import SPLITS, Exclusion, file_sha256
+from b2t.paths import file_kind
 from b2t.phonemes import SILENCE_ID
 from b2t.text import normalize_text
 from preprocess.trials import DataError, TrialRef
@@ -80,6 +81,8 @@ def discover_sessions(root: Path) -> list[SessionFiles]:
             if name.startswith("data_") and name.endswith(".hdf5"):
                 if name not in split_of:
                     raise DataError(folder / name, None, f"unexpected file name: a session holds only {sorted(split_of)}")
+                if (kind := file_kind(folder / name)) != "a regular file":  # a FIFO would block the reader for ever
+                    raise DataError(folder / name, None, f"is {kind}, not a regular file: expected an HDF5 file")
                 by_dir[folder][split_of[name]] = folder / name
     if not by_dir:
         raise DataError(root, None, f"no session found: no {'/'.join(SPLIT_FILES.values())} below it")

@@ -159,15 +159,31 @@ def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], s
     generate = _trial_generator(spec, build_word_model(list(lexicon), _rng(spec.seed, 0)), lexicon)
     return {(session, t.block, t.trial): " ".join(t.words)
             for day, session in enumerate(session_names(spec)) for t in generate(day, split)}
+def foreign_entries(out: Path, spec: SynthSpec) -> list[str]:
+    """What `out` holds beyond the dataset `write_dataset(spec, out)` wrote (paths relative to it):
+    the user's own files, which `--overwrite` must not delete with the dataset."""
+    ours = {"corpus.txt", "lexicon.txt", SPEC_NAME, GROUND_TRUTH_NAME}
+    sessions = set(session_names(spec))
+    found = []
+    for entry in sorted(out.iterdir()):
+        if entry.name in sessions and entry.is_dir() and not entry.is_symlink():
+            found += [f"{entry.name}/{p.name}" for p in sorted(entry.iterdir()) if p.name not in SPLIT_FILES.values()]
+        elif entry.name not in ours:
+            found.append(entry.name)
+    return found
 
 
 def read_spec(out: Path) -> SynthSpec | None:
-    """The spec a finished dataset in `out` was written with (None if `out` holds none)."""
+    """The spec a finished dataset in `out` was written with (None if `out` holds none, or a
+    spec file no b2t-synth wrote: damaged, or from another version)."""
     path = out / SPEC_NAME
     if not path.is_file():
         return None
-    d = json.loads(path.read_text())
-    return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    try:
+        d = json.loads(path.read_bytes())
+        return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    except (ValueError, TypeError, AttributeError):  # not JSON, not an object, unknown or bad fields
+        return None
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -248,6 +264,11 @@ def main(ctx: click.Context, out: Path, overwrite: bool, **options: Any) -> None
                 else "exists and is not a b2t-synth dataset"
             )
             raise click.UsageError(f"{out} {why}")
+        if foreign := foreign_entries(out, previous):
+            shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+            entries = f"{len(foreign)} {'entry' if len(foreign) == 1 else 'entries'}"
+            raise click.UsageError(f"{out} holds {entries} b2t-synth did not write ({shown}): "
+                                   "--overwrite replaces only its own dataset; move them out of OUT, or choose another OUT")
     # Write beside OUT and rename at the end, so OUT is either absent, old, or complete.
     partial = out.resolve().with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)

@@ -10,11 +10,12 @@ Crash safety, in three rules:
   names a shard that is missing, partial or about to change.
 A re-run with the same inputs and config checks each listed shard (size and sha256) and
 writes only the rest; with other inputs or config it refuses unless told to overwrite.
+SIGTERM or Ctrl-C (`b2t.signals`) kills the workers and removes their temp files: the
+listed shards are kept for the re-run.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -32,12 +33,14 @@ import numpy as np
 import torch
 from webdataset import TarWriter
 
+from b2t import signals
 from b2t.atomic import atomic_file, atomic_write_text, is_temp_name, remove_stale_temps
 from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, RowMeta, check_batch, empty_batch
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
 from b2t.progress import progress_bar
+from b2t.run_lock import DATASET_LOCK, exclusive
 from preprocess.batching import BatchPlan, Layout, plan_layout
 from preprocess.hdf5_source import (
     discover_sessions,
@@ -49,7 +52,7 @@ from preprocess.hdf5_source import (
 from preprocess.trials import DataError, TrialRef
 
 STATE_NAME = ".b2t-preprocess.json"
-LOCK_NAME = ".b2t-preprocess.lock"
+LOCK_NAME = DATASET_LOCK
 STATE_VERSION = 1
 WRITE_BUFFER = 32 << 20
 """Bytes buffered per shard write: large writes keep the shard in large page-cache folios."""
@@ -298,26 +301,6 @@ def check_output(out: Path, config: Config, splits: Sequence[str], *, overwrite:
                              "use another directory, or pass --overwrite to replace it")
 
 
-@contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """Hold OUT's lock so two runs never interleave shards (the OS frees it if we die). A run
-    refused before writing anything (OutputDirError) removes the lock file it created, so a
-    folder it declined to touch is left as it was."""
-    path = out / LOCK_NAME
-    created = not path.exists()
-    with open(path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputDirError(f"another b2t-preprocess is writing {out}") from None
-        try:
-            yield
-        except OutputDirError:
-            if created:
-                path.unlink(missing_ok=True)
-            raise
-
-
 def _finished_shards(out: Path, state: Mapping[str, Any] | None, identity: str, tasks: Sequence[ShardTask],
                      executor: Executor | None) -> dict[str, ShardEntry]:
     """Entries of the shards a previous run of this same plan finished and that still check out."""
@@ -361,9 +344,11 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
     """Scan SRC, plan the batches and write (or finish) the shards and manifest in OUT."""
     splits = [s for s in SPLITS if s in splits]
     out.mkdir(parents=True, exist_ok=True)
-    pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1
-            else nullcontext())
-    with locked(out), pool as executor:
+    pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=signals.ignore_stop_signals) if workers > 1 else nullcontext())
+    signals.on_stop(lambda: remove_stale_temps(out))  # a stop kills the workers: their shard temps go too
+    signals.describe_stop(lambda name: f"stopped by {name} before any shard was written")
+    with exclusive(out, LOCK_NAME, "b2t-preprocess", refused=OutputDirError), pool as executor:
         check_output(out, config, splits, overwrite=overwrite)
         t0 = time.perf_counter()
         kept = unchanged_dataset(src, out, config, splits, skip_bad=skip_bad)
@@ -373,7 +358,7 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
                                  scan_seconds=time.perf_counter() - t0, write_seconds=0.0, written_trials=0,
                                  unchanged=True)
         scan = scan_sources(src, splits, skip_bad=skip_bad, executor=executor, progress=progress)
-        layout = plan_layout(scan.refs, config.data, config.model)
+        layout = plan_layout(scan.refs, config.data, config.model, skip_bad=skip_bad)
         tasks = shard_tasks(layout.plans, config.data.batches_per_shard)
         identity = run_identity(config, splits, scan, layout, tasks)
         state = _read_state(out)
@@ -388,6 +373,8 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
         scan_seconds = time.perf_counter() - t0
 
         pending = [t for t in tasks if t.name not in done]
+        signals.describe_stop(lambda name: f"stopped by {name}: {len(done)} of {len(tasks)} shards of {out} are "
+                                           "written and kept; the same command writes the rest")
         if pending:
             (out / MANIFEST_NAME).unlink(missing_ok=True)
             _save_state(out, config, splits, identity, done)

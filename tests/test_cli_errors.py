@@ -50,7 +50,8 @@ def test_synth_out_under_a_file(a_file):
 
 
 def test_preprocess_out_under_a_file(a_file, tmp_path):
-    _one_clean_line(preprocess_main, tmp_path, a_file / "shards", path=a_file)
+    (tmp_path / "src").mkdir()  # beside OUT: an OUT inside SRC is refused before any path is made
+    _one_clean_line(preprocess_main, tmp_path / "src", a_file / "shards", path=a_file)
 
 
 def test_train_run_dir_under_a_file(a_file, tiny_dataset):
@@ -75,7 +76,7 @@ def test_eval_dataset_manifest_unreadable(tmp_path):
     result = CliRunner().invoke(eval_main, [str(ckpt), str(dataset), "--split", "val", "--device", "cpu",
                                             "--no-progress"])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
-    assert str(dataset / "manifest.json") in result.output and "Is a directory" in result.output
+    assert str(dataset / "manifest.json") in result.output and "is a folder, not a regular file" in result.output
 
 
 def test_import_baseline_output_under_a_file(a_file, tmp_path):

@@ -66,7 +66,7 @@ def test_input_errors_exit_2(tmp_path):
     for command, args, says in [
         (lm_main, ["build", empty, "-o", tmp_path / "lm.arpa"], "no words"),
         (lm_main, ["lexicon", corpus, "-o", tmp_path / "lex.txt", "--source", empty], "holds no entries"),
-        (preprocess_main, ["build", tmp_path, tmp_path / "out"], "no session found"),
+        (preprocess_main, ["build", tmp_path, tmp_path.with_name(tmp_path.name + "-out")], "no session found"),
     ]:
         result = runner.invoke(command, [str(a) for a in args])
         assert result.exit_code == 2 and says in result.output, result.output

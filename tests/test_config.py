@@ -95,3 +95,13 @@ def test_a_bad_override_is_blamed_on_the_override_not_the_file(tmp_path):
     assert load_config(CONFIGS / "tiny.yaml", ["data.row_multiple=2", "data.batch_size=10"]).data.batch_size == 10
     with pytest.raises(ConfigError, match=r"^--set data\.row_multiple=8 --set data\.batch_size=12 \(together\): "):
         load_config(CONFIGS / "tiny.yaml", ["data.row_multiple=8", "data.batch_size=12"])  # each alone is valid
+@pytest.mark.parametrize("override, message", [
+    ("data.seed=-1", r"data.seed must be >= 0, got -1"),  # issue 35 case 19: numpy's traceback in b2t-preprocess
+    ("train.seed=1180591620717411303424", r"train.seed=1180591620717411303424: out of range"),  # 2**70: "Overflow"
+    ("train.steps=-99999999999999999999", r"train.steps=-99999999999999999999: out of range"),
+    ("optim.lr=1e400", r"optim.lr=inf: expected a finite number"),
+    ("augment.smooth_std=.nan", r"augment.smooth_std=nan: expected a finite number"),
+])
+def test_seeds_and_numbers_out_of_range_name_their_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CONFIGS / "tiny.yaml", [override])

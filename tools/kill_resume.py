@@ -1,17 +1,21 @@
-"""kill -9 at random points during b2t-train, rerun the same command, compare the final weights.
+"""kill -9 (or SIGTERM) at random points during b2t-train, rerun the same command, compare the final weights.
 
 One uninterrupted run gives the reference `weights_sha256` (from its summary record in
-metrics.jsonl). Then, per try, a fresh run directory: the command is started and killed
-with SIGKILL after a random delay (drawn over the first 80% of the reference's wall time,
-so kills land in start-up, warm-up, steps, checkpoint writes and validation) one or two times, then
+metrics.jsonl). Then, per try, a fresh run directory: the command is started and stopped
+with the signal after a random delay (drawn over the first 80% of the reference's wall time,
+so signals land in start-up, warm-up, steps, checkpoint writes and validation) one or two times, then
 rerun with `--resume` until it finishes; a try passes when its final weights hash equals
 the reference. The command is the same every time (`--resume` also starts from scratch
-when the kill came before the first checkpoint). Tiny config on the CPU: the eager backend,
+when the stop came before the first checkpoint). Tiny config on the CPU: the eager backend,
 or with `--backend xla`/`openxla` the XLA CPU device (PJRT_DEVICE=CPU; every run compiles its
 graphs again, so a try takes minutes).
 
+`--signal term` is a preemption (b2t.signals): each stopped run must exit 143 saying
+`stopped by SIGTERM at step N` with last.safetensors at step N (the step in flight kept:
+nothing lost), or that it stopped before its first step with nothing to keep.
+
     python tools/kill_resume.py --tries 10
-    python tools/kill_resume.py --tries 10 --backend xla
+    python tools/kill_resume.py --tries 10 --backend xla --signal term
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +35,7 @@ from pathlib import Path
 import click
 
 from b2t.config import TINY_CONFIG
+from b2t.train.checkpoint import read_state
 
 TRAIN = "from b2t.cli import train_main; train_main()"
 SETS = ("train.steps=40", "train.checkpoint_every=7", "train.log_every=5", "train.val_every=20",
@@ -61,6 +68,28 @@ def final_digest(run: Path) -> str | None:
     return summaries[-1]["weights_sha256"] if summaries else None
 
 
+STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); `--resume` continues from \1")
+
+
+def preempted(proc: subprocess.Popen, run: Path) -> str:
+    """SIGTERM `proc` and check the stop: exit 143 and a line that the step in flight was kept
+    (its step in last.safetensors) or that it stopped before its first step; what it kept, in words."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    if proc.returncode == 0:
+        return "finished first"
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    if proc.returncode != 143:
+        raise SystemExit(f"exit {proc.returncode} after SIGTERM, not 143:\n{err[-2000:]}")
+    if "during the warm-up" in last or last.startswith("stopped by SIGTERM; nothing partial"):
+        return "before its first step: nothing to keep"
+    m = STOPPED.search(last)
+    kept = read_state(run / "last.safetensors").step if (run / "last.safetensors").exists() else None
+    if m is None or kept != int(m.group(1)):
+        raise SystemExit(f"the stop line is {last!r}, last.safetensors holds step {kept}")
+    return f"kept step {kept}"
+
+
 def run_to_end(cmd: list[str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -72,7 +101,9 @@ def run_to_end(cmd: list[str]) -> None:
 @click.option("--seed", default=0, show_default=True, help="Seeds the kill delays.")
 @click.option("--backend", type=click.Choice(["eager", "xla", "openxla"]), default="eager", show_default=True,
               help="The training backend of every run.")
-def main(tries: int, seed: int, backend: str) -> None:
+@click.option("--signal", "how", type=click.Choice(["kill", "term"]), default="kill", show_default=True,
+              help="kill: SIGKILL (kill -9); term: SIGTERM, a preemption whose stop is checked too.")
+def main(tries: int, seed: int, backend: str, how: str) -> None:
     os.environ.setdefault("PJRT_DEVICE", "CPU")  # the runs inherit it
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,10 +121,14 @@ def main(tries: int, seed: int, backend: str) -> None:
             for _ in range(rng.choice((1, 2))):
                 delay = rng.uniform(0.0, 0.8 * wall)
                 proc = subprocess.Popen(command(shards, run, resume=run.exists(), backend=backend),
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, text=True,
+                                        stderr=subprocess.PIPE if how == "term" else subprocess.DEVNULL)
                 try:
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
+                    if how == "term":
+                        kills.append(f"{delay:.1f}s ({preempted(proc, run)})")
+                        continue
                     proc.kill()  # SIGKILL
                     proc.wait()
                     had = sorted(p.name for p in run.glob("*.safetensors")) if run.exists() else []
@@ -102,10 +137,12 @@ def main(tries: int, seed: int, backend: str) -> None:
             digest = final_digest(run)
             same += digest == reference
             killed += bool(kills)
-            click.echo(f"try {i + 1}: killed at {'; '.join(kills) or 'never (finished first)'} -> "
+            click.echo(f"try {i + 1}: {'killed' if how == 'kill' else 'SIGTERM'} at "
+                       f"{'; '.join(kills) or 'never (finished first)'} -> "
                        f"{'identical' if digest == reference else f'DIFFERENT {digest}'}")
             shutil.rmtree(run)
-    click.echo(f"{same}/{tries} reruns gave the reference's final weights ({killed} of the tries were killed at least once)")
+    click.echo(f"{same}/{tries} reruns gave the reference's final weights ({killed} of the tries were stopped at "
+               "least once)")
     if same != tries:
         raise SystemExit(1)
 

@@ -9,6 +9,8 @@ command (`b2t-preprocess`, `b2t-train`, `b2t-eval`, `b2t-import-baseline`, `b2t-
     accepted           exit 0 where accepting is the design (e.g. `lr: 1e-3`), and the result checks out
     traceback          a Python traceback reached the user
     silent             exit 0 although the input is bad, or a check of the result failed
+    lost               something the user had (a model, a run, their own files) was destroyed
+    hang               the command did not end within the probe's time limit
     nameless           a refusal whose message does not name the file or key it is about
     wrong refusal      a refusal of an input the design accepts
     skipped            the probe cannot run here (e.g. no tmpfs mount for the disk-full probes)
@@ -30,17 +32,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
-from probe_base import MOUNTS, Probe, Skip, Workspace, build_workspace, cli
+from probe_base import MOUNTS, Probe, Skip, Workspace, argv, build_workspace, cli
 from probe_data_cases import HDF5_PROBES, OUTPUT_AND_CONFIG_PROBES, SHARD_PROBES
-from probe_run_cases import DISK_PROBES, EVAL_PROBES, METRICS_AND_LM_PROBES, RUN_PROBES
+from probe_fault_cases import CONCURRENCY_PROBES, HOST_PROBES, SIGNAL_PROBES
+from probe_path_cases import FIFO_PROBES, OUTPUT_PROBES, SYNTH_PROBES
+from probe_run_cases import CHECKPOINT_PROBES, DISK_PROBES, EVAL_PROBES, METRICS_AND_LM_PROBES, RUN_DIR_PROBES, RUN_PROBES
 
 PROBES = HDF5_PROBES + OUTPUT_AND_CONFIG_PROBES + SHARD_PROBES + RUN_PROBES + EVAL_PROBES + METRICS_AND_LM_PROBES + \
-    DISK_PROBES
+    DISK_PROBES + OUTPUT_PROBES + SYNTH_PROBES + FIFO_PROBES + RUN_DIR_PROBES + CHECKPOINT_PROBES + SIGNAL_PROBES + \
+    CONCURRENCY_PROBES + HOST_PROBES
 
 
 # --- running and judging ------------------------------------------------------------------------------
 
-BAD = ("traceback", "silent", "nameless", "wrong refusal")
+BAD = ("traceback", "silent", "lost", "hang", "nameless", "wrong refusal")
 
 
 def named(name: str, output: str) -> bool:
@@ -48,7 +53,10 @@ def named(name: str, output: str) -> bool:
     return name in output or ("/" in name and Path(name).name in output)
 
 
-def judge(probe: Probe, returncode: int, output: str, names: list[str], problem: str | None) -> str:
+def judge(probe: Probe, returncode: int, output: str, names: list[str], problem: str | None,
+          lost: str | None = None) -> str:
+    if lost:
+        return "lost"
     if "Traceback (most recent call last)" in output:
         return "traceback"
     if probe.expect == "ok":
@@ -66,14 +74,19 @@ def replay(ws: Workspace, probe: Probe, d: Path) -> tuple[str, str]:
     except Skip as e:
         return "skipped", str(e)
     try:
-        done = cli(probe.cli, *args, cwd=d)
+        done = (probe.drive(argv(probe.cli, *args), d, probe, ws) if probe.drive
+                else cli(probe.cli, *args, cwd=d, probe=probe))
+    except subprocess.TimeoutExpired as e:
+        return "hang", f"no exit after {e.timeout:.0f} s"
     finally:
         unmount(d)
     output = done.stdout + done.stderr
     problem = probe.check(d, output) if probe.check else None
-    verdict = judge(probe, done.returncode, output, names, problem)
+    lost = probe.kept(d) if probe.kept else None
+    verdict = judge(probe, done.returncode, output, names, problem, lost)
     lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-    message = problem if problem and verdict == "silent" else (lines[-1] if lines else f"exit {done.returncode}")
+    message = (lost if verdict == "lost" else problem if problem and verdict == "silent"
+               else (lines[-1] if lines else f"exit {done.returncode}"))
     if verdict == "nameless":
         message += f"  [does not name {[n for n in names if not named(n, output)]}]"
     return verdict, message

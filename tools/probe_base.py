@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from b2t.config import TINY_CONFIG
@@ -29,6 +30,8 @@ class Workspace:
 
 
 Case = tuple[list[str], list[str]]  # (the command's arguments, what its message must name)
+Driver = Callable[[list[str], Path, "Probe", Workspace], subprocess.CompletedProcess]
+"""Runs a probe's command its own way (signals, a second process beside it): (argv, folder, probe, workspace)."""
 
 
 @dataclass(frozen=True)
@@ -38,16 +41,41 @@ class Probe:
     make: Callable[[Workspace, Path], Case]  # builds the bad input under its own folder
     expect: str = "error"  # "error": a clear refusal; "ok": accepted by design
     check: Callable[[Path, str], str | None] | None = None  # (folder, output) -> what went wrong, or None
+    kept: Callable[[Path], str | None] | None = None  # folder -> what valuable was destroyed, or None
+    drive: Driver | None = None  # default: run the command once and wait
+    env: dict[str, str] = field(default_factory=dict)  # added to the command's environment
+    limits: dict[int, int] = field(default_factory=dict)  # resource.RLIMIT_* -> soft and hard limit
+    timeout: float = 900  # seconds until the command is judged to hang
 
 
 def sets(*items: str) -> list[str]:
     return [a for s in items for a in ("--set", s)]
 
 
-def cli(name: str, *args: object, cwd: Path | None = None, check: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "COLUMNS": "200"}
-    done = subprocess.run([str(BIN / name), *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=900, errors="replace")
+def command_env(probe: Probe | None = None) -> dict[str, str]:
+    return {**os.environ, "PJRT_DEVICE": "CPU", "COLUMNS": "200", **(probe.env if probe else {})}
+
+
+def limited(probe: Probe | None) -> Callable[[], None] | None:
+    """A preexec_fn applying the probe's resource limits in the child (None when it sets none)."""
+    if probe is None or not probe.limits:
+        return None
+
+    def apply() -> None:
+        for kind, value in probe.limits.items():
+            resource.setrlimit(kind, (value, value))
+    return apply
+
+
+def argv(name: str, *args: object) -> list[str]:
+    return [str(BIN / name), *map(str, args)]
+
+
+def cli(name: str, *args: object, cwd: Path | None = None, check: bool = False,
+        probe: Probe | None = None) -> subprocess.CompletedProcess:
+    """Run b2t command `name` to its end (subprocess.TimeoutExpired past the probe's timeout)."""
+    done = subprocess.run(argv(name, *args), capture_output=True, text=True, cwd=cwd, env=command_env(probe),
+                          timeout=probe.timeout if probe else 900, errors="replace", preexec_fn=limited(probe))
     if check and done.returncode != 0:
         raise SystemExit(f"{name} {' '.join(map(str, args))}: exit {done.returncode}\n{done.stdout}{done.stderr}")
     return done
@@ -88,14 +116,44 @@ def eval_args(ws: Workspace, dataset: Path, *extra: str) -> list[str]:
 
 def copy(path: Path, d: Path) -> Path:
     target = d / path.name
-    (shutil.copytree if path.is_dir() else shutil.copy)(path, target, symlinks=True)
+    if path.is_dir():
+        shutil.copytree(path, target, symlinks=True)
+    else:
+        shutil.copy(path, target)
     return target
 
 
-def truncate(path: Path, keep: float = 0.5) -> Path:
+def truncate(path: Path, fraction: float = 0.5) -> Path:
     data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * fraction)])
     return path
+
+
+def keep(path: Path, d: Path) -> Path:
+    """Remember `path` (below d) as it is now, in d/before/, for `unchanged`."""
+    saved = d / "before" / path.relative_to(d)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, saved)
+    return path
+
+
+def unchanged(*names: str) -> Callable[[Path], str | None]:
+    """A probe's `kept` check: each d/`name` still holds what `keep` saw (else it was lost)."""
+    def kept(d: Path) -> str | None:
+        for name in names:
+            path = d / name
+            if not path.is_file() or path.read_bytes() != (d / "before" / name).read_bytes():
+                return f"{path} was overwritten or removed"
+        return None
+    return kept
+
+
+def run_copy(ws: Workspace, d: Path) -> Path:
+    """A copy of the workspace's run in d/run, its files kept (`unchanged("run/best.safetensors")`)."""
+    run = copy(ws.run, d)
+    for name in ("best.safetensors", "last.safetensors", "metrics.jsonl"):
+        keep(run / name, d)
+    return run
 
 
 def garbage(path: Path, data: bytes) -> Path:

@@ -1,7 +1,9 @@
-"""Probes of tools/probe_bad_inputs.py on runs: resumes, checkpoints, evaluation, LMs, baseline imports, metrics, full disks."""
+"""Probes of tools/probe_bad_inputs.py on runs: resumes, checkpoints (damaged and crafted), run directories,
+evaluation, LMs, baseline imports, metrics, full disks."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +17,12 @@ from probe_base import (
     garbage,
     preprocess_args,
     printed,
+    run_copy,
     sets,
     small_disk,
     train_args,
     truncate,
+    unchanged,
 )
 
 # --- runs, resumes and checkpoints -------------------------------------------------------------------
@@ -31,6 +35,15 @@ def run_probe(change: Callable[[Workspace, Path, Path], object], *extra: str,
         named = change(ws, d, run)
         return train_args(dataset(ws), run, *extra), [str(named)] if named else []
     return make
+
+
+def _killed_in_the_warm_up(ws: Workspace, d: Path, run: Path) -> None:
+    """The run as a kill -9 during its warm-up leaves it: start-up records only, no checkpoint."""
+    for p in run.glob("*.safetensors"):
+        p.unlink()
+    records = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+               if r["kind"] in ("layout", "compile", "init")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _no_run_dir(d: Path, output: str) -> str | None:
@@ -59,16 +72,18 @@ RUN_PROBES = [
     Probe("--resume from a garbage last.safetensors", "b2t-train",
           run_probe(lambda ws, d, run: garbage(run / "last.safetensors", b"\x00" * 64), "--resume")),
     Probe("a run dir with a checkpoint, no --resume", "b2t-train", run_probe(lambda ws, d, run: "--resume")),
-    Probe("--resume before the first checkpoint", "b2t-train",
-          run_probe(lambda ws, d, run: [p.unlink() for p in run.glob("*.safetensors")] and None, "--resume"),
-          expect="ok", check=printed("starting from scratch")),
+    Probe("--resume before the first checkpoint (killed in the warm-up)", "b2t-train",
+          run_probe(_killed_in_the_warm_up, "--resume"), expect="ok", check=printed("starting from scratch")),
+    Probe("--resume after every checkpoint was deleted", "b2t-train",
+          run_probe(lambda ws, d, run: [p.unlink() for p in run.glob("*.safetensors")] and "last.safetensors",
+                    "--resume")),
     Probe("--init-from a missing file", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "fresh", "--init-from", str(d / "none.safetensors")),
                          [str(d / "none.safetensors")]), check=_no_run_dir),
     Probe("RUN_DIR a regular file", "b2t-train",
           lambda ws, d: ((d / "f").write_text("x") and None or train_args(ws.shards, d / "f"), [str(d / "f")])),
     Probe("DATASET a folder without a manifest", "b2t-train",
-          lambda ws, d: (train_args(d, d / "run"), ["manifest.json"])),
+          lambda ws, d: ((d / "ds").mkdir() or train_args(d / "ds", d / "run"), ["manifest.json"])),
     Probe("--init-from a garbage file (+ empty RUN dir)", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "fresh", "--init-from",
                                     str(garbage(d / "x.safetensors", b"junk" * 9))), [str(d / "x.safetensors")]),
@@ -224,4 +239,128 @@ DISK_PROBES = [
           lambda ws, d: (preprocess_args(ws.src, small_disk(d) / "out"), [str(d / "small_disk" / "out")])),
     Probe("disk full while training (case 18)", "b2t-train",
           lambda ws, d: (train_args(ws.shards, small_disk(d) / "run"), [str(d / "small_disk" / "run")])),
+]
+
+
+# --- run directories and resumes -------------------------------------------------------------------
+
+def _without(*names: str) -> Callable[[Workspace, Path], Path]:
+    def make(ws: Workspace, d: Path) -> Path:
+        run = run_copy(ws, d)
+        for name in names:
+            (run / name).unlink()
+        return run
+    return make
+
+
+def _resume_with(*overrides: str) -> Callable[[Workspace, Path], Case]:
+    return lambda ws, d: (train_args(ws.shards, run_copy(ws, d), "--resume", *sets("train.steps=3", *overrides)),
+                          [o.split("=")[0] for o in overrides])
+
+
+RUN_DIR_PROBES = [
+    Probe("a finished run without its last.safetensors, run again (case 1)", "b2t-train",
+          lambda ws, d: (train_args(ws.shards, _without("last.safetensors")(ws, d)), ["best.safetensors"]),
+          kept=unchanged("run/best.safetensors", "run/metrics.jsonl")),
+    Probe("the same, with --resume", "b2t-train",
+          lambda ws, d: (train_args(ws.shards, _without("last.safetensors")(ws, d), "--resume"), ["last.safetensors"]),
+          kept=unchanged("run/best.safetensors", "run/metrics.jsonl")),
+    Probe("a run dir holding only best.safetensors", "b2t-train",
+          lambda ws, d: (train_args(ws.shards, _without("last.safetensors", "metrics.jsonl")(ws, d)),
+                         ["best.safetensors"]), kept=unchanged("run/best.safetensors")),
+    Probe("a run dir holding only metrics.jsonl with steps", "b2t-train",
+          lambda ws, d: (train_args(ws.shards, _without("last.safetensors", "best.safetensors")(ws, d)),
+                         ["metrics.jsonl"]), kept=unchanged("run/metrics.jsonl")),
+    Probe("a run dir with a stray temp file, --resume", "b2t-train",
+          lambda ws, d: (garbage(run_copy(ws, d) / ".last.safetensors.x1.tmp", b"half") and
+                         train_args(ws.shards, d / "run", "--resume", *sets("train.steps=3")), []), expect="ok"),
+    Probe("--resume with train.seed=5 (case 9)", "b2t-train", _resume_with("train.seed=5")),
+    Probe("--resume with train.shuffle_buffer=2 (case 9)", "b2t-train", _resume_with("train.shuffle_buffer=2")),
+    Probe("--resume with train.grad_accum=2", "b2t-train", _resume_with("train.grad_accum=2")),
+    Probe("--resume with train.num_workers=2 (case 9)", "b2t-train", _resume_with("train.num_workers=2"),
+          expect="ok", check=printed("train.num_workers=2 ignored")),
+    Probe("--resume with train.compute_dtype=bf16", "b2t-train", _resume_with("train.compute_dtype=bf16"),
+          expect="ok", check=printed("not bit-identical")),
+]
+
+
+# --- crafted checkpoints ------------------------------------------------------------------------------
+
+def crafted(change: Callable[[dict, dict], object], name: str = "last.safetensors") -> Callable[[Workspace, Path], Path]:
+    """A copy of the workspace run whose `name` was rewritten by change(tensors, b2t metadata)."""
+    def make(ws: Workspace, d: Path) -> Path:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        run = copy(ws.run, d)
+        with safe_open(str(run / name), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            meta = json.loads(f.metadata()["b2t"])
+        changed = change(tensors, meta)
+        meta = changed if isinstance(changed, (dict, list)) else meta
+        save_file(tensors, str(run / name), metadata={"b2t": json.dumps(meta)})
+        return run / name
+    return make
+
+
+def _state(**fields: object) -> Callable[[dict, dict], dict]:
+    return lambda t, m: {**m, "state": {**m["state"], **fields}}
+
+
+def _drop_state(key: str) -> Callable[[dict, dict], dict]:
+    return lambda t, m: {**m, "state": {k: v for k, v in m["state"].items() if k != key}}
+
+
+def _tensor(key: str, value: Callable) -> Callable[[dict, dict], None]:
+    return lambda t, m: t.update({key: value(t[key])})
+
+
+def resume_probe(change: Callable, *names: str) -> Callable[[Workspace, Path], Case]:
+    return lambda ws, d: (train_args(ws.shards, crafted(change)(ws, d).parent, "--resume"), [str(d / "run"), *names])
+
+
+def eval_probe(change: Callable, *names: str) -> Callable[[Workspace, Path], Case]:
+    def make(ws: Workspace, d: Path) -> Case:
+        ckpt = crafted(change, "best.safetensors")(ws, d)
+        return [str(ckpt), str(ws.shards), "--split", "val", "--backend", "eager", "--device", "cpu",
+                "--no-progress"], [str(ckpt), *names]
+    return make
+
+
+def init_probe(change: Callable, *names: str) -> Callable[[Workspace, Path], Case]:
+    def make(ws: Workspace, d: Path) -> Case:
+        ckpt = crafted(change, "best.safetensors")(ws, d)
+        return train_args(ws.shards, d / "fresh", "--init-from", str(ckpt)), [str(ckpt), *names]
+    return make
+
+
+def _nan(t):
+    return t.fill_(float("nan"))
+
+
+CHECKPOINT_PROBES = [
+    Probe("a state field from a newer b2t, --resume (case 10)", "b2t-train",
+          resume_probe(_state(ema_decay=0.999), "ema_decay")),
+    Probe("a state field from a newer b2t, b2t-eval (case 10)", "b2t-eval", eval_probe(_state(ema_decay=0.999))),
+    Probe("b2t metadata a JSON list (case 10)", "b2t-train", resume_probe(lambda t, m: [m])),
+    Probe("saved state a JSON string", "b2t-eval", eval_probe(lambda t, m: {**m, "state": "step 3"})),
+    Probe("an AdamW moment of the wrong shape (case 11)", "b2t-train",
+          resume_probe(_tensor("optim.0.exp_avg", lambda v: v[:1].clone()), "optim.0.exp_avg")),
+    Probe("AdamW step counts that disagree with the step", "b2t-train", resume_probe(_state(step=1), "optim.0.step")),
+    Probe("an AdamW moment missing", "b2t-train", resume_probe(lambda t, m: t.pop("optim.2.exp_avg_sq") is None)),
+    Probe("NaN weights, b2t-eval (case 12)", "b2t-eval", eval_probe(_tensor("model.out.weight", _nan), "NaN")),
+    Probe("NaN weights, --resume (case 12)", "b2t-train", resume_probe(_tensor("model.out.weight", _nan), "NaN")),
+    Probe("NaN weights, --init-from (case 12)", "b2t-train", init_probe(_tensor("model.out.weight", _nan), "NaN")),
+    Probe("Inf in an AdamW moment, --resume", "b2t-train",
+          resume_probe(_tensor("optim.1.exp_avg_sq", lambda v: v.fill_(float("inf"))), "optim.1.exp_avg_sq")),
+    Probe("integer weights, --init-from (case 12)", "b2t-train",
+          init_probe(_tensor("model.out.bias", lambda v: v.to(__import__("torch").int64)), "int64")),
+    Probe("no step in the state (case 12)", "b2t-train", resume_probe(_drop_state("step"), "step")),
+    Probe("the step a string", "b2t-eval", eval_probe(_state(step="3"), "step")),
+    Probe("an extra tensor", "b2t-eval",
+          eval_probe(lambda t, m: t.update({"payload": __import__("torch").zeros(4)}), "payload")),
+    Probe("sessions that are not names", "b2t-eval", eval_probe(_state(sessions=[1, 2]), "sessions")),
+    Probe("a config key this b2t does not know", "b2t-eval",
+          eval_probe(lambda t, m: {**m, "state": {**m["state"], "config": {**m["state"]["config"],
+                                                                            "train": {"ema": 1}}}}, "ema")),
 ]

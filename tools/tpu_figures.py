@@ -104,8 +104,9 @@ def _run(*args: str) -> list[dict]:
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not rows:
-        tail = out.stderr.strip().splitlines()[-3:]
-        print(f"case {key} failed: {' | '.join(tail)}", file=sys.stderr)
+        lines = out.stderr.strip().splitlines()
+        python = [ln for ln in lines if re.match(r"^\w+(Error|Exception|Missing)\b", ln)]  # libtpu's noise comes after
+        print(f"case {key} failed (exit {out.returncode}): {' | '.join(python[-1:] or lines[-3:])}", file=sys.stderr)
         return []
     if RESULTS is not None:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
+import resource
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 import webdataset as wds
 from torch.utils.data import DataLoader
 
-from b2t.contract import Batch, check_batch
+from b2t.contract import FIELDS, Batch, check_batch
 from b2t.data.manifest import Manifest, ShardEntry, shard_path
 from b2t.data.mapped_tar import mapped_tar_samples
 from b2t.data.rows import compiled_checks, row_problems
@@ -89,6 +91,34 @@ def pass_shards(manifest: Manifest, split: str, pass_index: int, cfg: StreamConf
     return shards[cfg.rank :: cfg.world]
 
 
+PREFETCH = 2
+"""Batches each loader worker keeps in flight (torch's `prefetch_factor` default)."""
+
+
+def fds_needed(workers: int) -> int:
+    """File descriptors a stream with `workers` loader workers may hold at once: each batch
+    in flight holds one per tensor (torch shares them through fds), a train and a val stream
+    can be open together, and the consumer holds a batch or two."""
+    return 2 * workers * PREFETCH * len(FIELDS) + 2 * len(FIELDS)
+
+
+def check_open_files(workers: int) -> None:
+    """Make room for `workers` loader workers' file descriptors (the soft limit raised to the
+    hard one), or ValueError saying how: out of descriptors, torch's fd sharing printed
+    `OSError: [Errno 24]` from a queue thread and the loader waited for ever."""
+    if workers == 0:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    need = fds_needed(workers)
+    if soft != resource.RLIM_INFINITY and soft - in_use < need:
+        raise ValueError(f"the open-file limit (ulimit -n) is {soft} with {in_use} files open, and {workers} "
+                         f"loader workers need about {need} more: raise it (ulimit -n 4096) or set train.num_workers=0")
+
+
 def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamConfig, shuffle_seed: str) -> Iterator[Batch]:
     stages: list[Any] = [
         wds.SimpleShardList([str(shard_path(root, s)) for s in shards]),
@@ -98,10 +128,13 @@ def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamC
     if cfg.shuffle_buffer > 1:
         stages.append(wds.shuffle(cfg.shuffle_buffer, initial=cfg.shuffle_buffer, seed=shuffle_seed))
     stages.append(wds.map(_Decoder(manifest)))
+    workers = min(cfg.num_workers, len(shards))
+    check_open_files(workers)
     loader = DataLoader(
         wds.DataPipeline(*stages),
         batch_size=None,
-        num_workers=min(cfg.num_workers, len(shards)),
+        num_workers=workers,
+        prefetch_factor=PREFETCH if workers else None,
         collate_fn=None,
     )
     yield from loader

@@ -16,6 +16,7 @@ from typing import Any
 
 from b2t.atomic import atomic_write_text
 from b2t.contract import FIELDS, BucketShape
+from b2t.paths import file_kind, not_regular
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -46,12 +47,13 @@ class ShardEntry:
 
 
 def shard_path(root: str | Path, entry: ShardEntry) -> Path:
-    """Where `entry` lives: inside `root` once every link is resolved, else ValueError (a manifest
-    never points the reader at another directory's files)."""
+    """Where `entry` lives: inside `root`'s tree once every link is resolved (a link to a file in
+    a sub-folder is fine), else ValueError (a manifest never points the reader at another
+    directory's files)."""
     root = Path(root)
     path = root / entry.name
     resolved, inside = path.resolve(), root.resolve()
-    if resolved.parent != inside:
+    if resolved == inside or not resolved.is_relative_to(inside):
         raise ValueError(f"{path} resolves to {resolved}, outside the dataset directory {inside}: "
                          "a manifest names only shards inside its own directory; re-run b2t-preprocess")
     return path
@@ -70,10 +72,10 @@ def shard_problem(root: str | Path, entry: ShardEntry, *, sha256: bool) -> str |
     """What is wrong with one listed shard on disk (missing, size, and with `sha256` its
     digest), naming it; None when it matches the manifest."""
     path = shard_path(root, entry)
-    if path.is_dir():
-        return f"{entry.name}: is a folder, expected a shard file"
-    if not path.is_file():
+    if not path.exists():
         return f"{entry.name}: missing"
+    if (kind := file_kind(path)) != "a regular file":
+        return f"{entry.name}: is {kind}, expected a shard file"
     size = path.stat().st_size
     if size != entry.bytes:
         return f"{entry.name}: {size} bytes, the manifest says {entry.bytes}"
@@ -179,6 +181,8 @@ class Manifest:
         path = Path(directory) / MANIFEST_NAME
         if not path.exists():
             raise FileNotFoundError(f"{path} not found: run b2t-preprocess first (or it did not finish)")
+        if (why := not_regular(path)) is not None:
+            raise ValueError(f"{why}: expected a b2t manifest")
         try:
             return cls.from_json(json.loads(path.read_bytes()))
         except UnicodeDecodeError:

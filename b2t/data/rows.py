@@ -90,11 +90,19 @@ def _fine(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarra
 def compiled_checks() -> Callable[..., bool]:
     """`_rows_fine` as machine code, made on first use: importing numba and loading the code from
     its on-disk cache take about 0.8 s, which only a process that reads batches should pay. The
-    loader calls this before its workers fork, so they inherit the code instead of loading it."""
+    loader calls this before its workers fork, so they inherit the code instead of loading it.
+
+    Where the cache cannot be used, the code is compiled in memory instead (about 1 s more per
+    process): a read-only install tree without a writable HOME (numba: "cannot cache
+    function"), or a damaged cache index (an UnpicklingError naming no file).
+    """
     import numba  # here, not at the top: see above
 
     signature = "b1(u1[:], i4[:], i4[:], i4[:, :], i4[:], i8, i8, i8, i8, i8, i8)"
-    return numba.njit(signature, cache=True, nogil=True)(_rows_fine)
+    try:
+        return numba.njit(signature, cache=True, nogil=True)(_rows_fine)
+    except Exception:  # noqa: BLE001 - numba's cache raises RuntimeError, pickle and OS errors alike
+        return numba.njit(signature, cache=False, nogil=True)(_rows_fine)
 
 
 def _described(valid: np.ndarray, n: np.ndarray, n_labels: np.ndarray, ids: np.ndarray, days: np.ndarray,

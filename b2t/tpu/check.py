@@ -105,7 +105,7 @@ def planned_bytes(cfg: Config, n_days: int, graph: Graph, devices: int) -> int |
     if graph.kind != "train":
         return None
     weights = weight_layout(cfg.model, n_days, cfg.mesh.fsdp)
-    return step_bytes(max(graph.rows // devices, 1), graph.bucket, weights, cfg.model, devices > 1)
+    return step_bytes(max(graph.rows // devices, 1), graph.bucket, weights, cfg.model)
 
 
 def combined(parts: list[tuple[Graph, Compiled]]) -> tuple[Graph, Compiled]:

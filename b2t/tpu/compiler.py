@@ -16,11 +16,15 @@ Needs the `tpu` extra's libtpu and the `spmd` extra's jax (both pinned to torch_
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from b2t.tpu.targets import GiB, Target
@@ -97,12 +101,35 @@ def _topology(target: Target):
     from jax.experimental import topologies
 
     try:
-        return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
-                                            chip_config_name=target.chip_config,
-                                            chips_per_host_bounds=target.host_bounds, num_slices=1)
+        with _start_up_noise_caught():
+            return topologies.get_topology_desc(platform="tpu", topology_name=target.topology,
+                                                chip_config_name=target.chip_config,
+                                                chips_per_host_bounds=target.host_bounds, num_slices=1)
     except Exception as e:  # jax's XlaRuntimeError and RuntimeError: name the target and libtpu's reason
         reason = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise CompilerMissing(f"libtpu could not describe {target.name} ({target.topology}): {reason}") from e
+
+
+@contextlib.contextmanager
+def _start_up_noise_caught() -> Iterator[None]:
+    """libtpu's start-up writes to fd 2 from C++ what reads as failures on a host without a TPU
+    (`could not determine TPU accelerator type`, `E0000 ... INVALID_ARGUMENT: unexpected
+    worker hostname`): every successful compile-only check printed them. They go to a temp
+    file for the block, and back to stderr only if the block fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            caught.seek(0)
+            sys.stderr.write(caught.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def compile_for(target: Target, hlo: bytes, donors: tuple[int, ...], resident: int = 0,

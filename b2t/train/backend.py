@@ -31,6 +31,7 @@ from torch import nn
 from b2t.config import XLA_BACKENDS
 from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, compute_dtype
 from b2t.private_api import aot_autograd, cpu_has_bf16_matmuls, donate_buffer, openxla_eval_boxed
+from b2t.train.devices import checked_device
 from b2t.train.mesh import SpmdMesh
 from b2t.train.process import configure_process
 from b2t.train.rng import CounterRng, Rng, TorchRng
@@ -223,6 +224,7 @@ def make_backend(name: str, device: str | torch.device | None = None, mesh: Spmd
     Makes the process-wide settings the backend needs first (`process.configure_process`).
     """
     configure_process(name, spmd=mesh is not None)
+    device = None if device is None else checked_device(str(device), name in XLA_BACKENDS)
     if name in XLA_BACKENDS:
         import torch_xla
 

@@ -10,7 +10,10 @@ file loads on one device or any mesh; `load_checkpoint` copies into the model's 
 place, and the stepper shards them afterwards.
 
 A checkpoint never holds NaN or Inf: `save_checkpoint` refuses to write one, so the file
-already at that path is the last finite state, and the error says so.
+already at that path is the last finite state, and the error says so. Reading trusts
+nothing either: `read_checkpoint`, `read_state` and `load_checkpoint` check the file against
+the schema of `b2t.train.checkpoint_checks` (fields, types, tensor names, finiteness, and
+against the model and optimizer: shapes, dtypes, AdamW's state) and name what does not fit.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from b2t.atomic import atomic_write_bytes
+from b2t.paths import not_regular
+from b2t.train.checkpoint_checks import check_meta, check_optimizer, check_tensors, check_weights
 from b2t.train.mesh import host_copy
 from b2t.train.optim import step_count
 
@@ -82,14 +87,18 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
 def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} not found")
+    if (why := not_regular(path)) is not None:
+        raise ValueError(f"{why}: expected a b2t checkpoint")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("b2t", "{}"))
             tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
     except Exception as e:  # safetensors raises several types for a damaged header
         raise ValueError(f"{path} is not a readable b2t checkpoint: {e}") from None
-    if meta.get("format") != FORMAT:
+    if isinstance(meta, dict) and meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
+    meta = check_meta(path, meta)
+    check_tensors(path, tensors)
     return tensors, meta
 
 
@@ -124,20 +133,20 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], groups: list[dict[str, An
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> TrainState:
-    """Load weights (and optimizer state when given) in place; returns the saved TrainState."""
+    """Load weights (and optimizer state when given) in place; returns the saved TrainState.
+    Nothing is loaded unless the whole file fits (`checkpoint_checks`)."""
     tensors, meta = read_checkpoint(path)
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
-    missing = sorted(set(model.state_dict()) - set(weights))
-    extra = sorted(set(weights) - set(model.state_dict()))
-    if missing or extra:
-        raise ValueError(f"{path}: weights do not fit the model: missing {missing}, unexpected {extra}")
-    for k, v in model.state_dict().items():
-        if tuple(weights[k].shape) != tuple(v.shape):
-            raise ValueError(f"{path}: {k} has shape {tuple(weights[k].shape)}, the model wants {tuple(v.shape)}")
-    model.load_state_dict(weights)
+    problems = check_weights(path, weights, model.state_dict())
+    if problems:
+        raise ValueError(f"{path}: weights do not fit the model: {'; '.join(problems[:6])}")
+    state = TrainState(**meta["state"])
     if optimizer is not None:
         if "param_groups" not in meta:
             raise ValueError(f"{path} holds no optimizer state: cannot resume training from it")
+        check_optimizer(path, tensors, meta["param_groups"], optimizer, state.step)
+    model.load_state_dict(weights)
+    if optimizer is not None:
         optimizer.load_state_dict({"state": _optimizer_state(tensors, meta["param_groups"]),
                                    "param_groups": meta["param_groups"]})
-    return TrainState(**meta["state"])
+    return state

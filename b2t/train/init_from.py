@@ -22,6 +22,7 @@ import torch
 from b2t.config import Config
 from b2t.model.layers import day_parameters
 from b2t.train.checkpoint import read_checkpoint
+from b2t.train.checkpoint_checks import check_weights
 
 
 class InitError(ValueError):
@@ -65,14 +66,7 @@ def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Seq
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     own = model.state_dict()
     days = list(day_parameters(model))
-    problems = [f"{k} is missing" for k in own if k not in weights]
-    problems += [f"{k} is not in this model" for k in weights if k not in own]
-    for k, v in own.items():
-        if k in weights and k not in days and tuple(weights[k].shape) != tuple(v.shape):
-            problems.append(f"{k} is {tuple(weights[k].shape)} in the checkpoint, {tuple(v.shape)} here")
-    for k in days:
-        if k in weights and tuple(weights[k].shape[1:]) != tuple(own[k].shape[1:]):
-            problems.append(f"{k} holds {tuple(weights[k].shape[1:])} per day, this model {tuple(own[k].shape[1:])}")
+    problems = check_weights(path, weights, own, per_day=tuple(days))
     if problems:
         sizes = _size_differences(state.get("config", {}).get("model", {}), cfg)
         raise InitError(f"{path} does not fit this model: {'; '.join(problems[:6])}"
@@ -85,7 +79,7 @@ def init_from_checkpoint(path: str | Path, model: torch.nn.Module, sessions: Seq
     merged = dict(weights)
     for k in days:
         day = own[k].detach().cpu().clone()  # (D, ...) this model's initialisation
-        day[rows] = weights[k].to(day.dtype)[picks]
+        day[rows] = weights[k][picks]
         merged[k] = day
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in merged.items()})
+    model.load_state_dict(merged)
     return InitReport(path, kept, [s for s in sessions if s not in index])

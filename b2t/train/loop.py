@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import shutil
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from b2t import signals
 from b2t.atomic import remove_stale_temps
 from b2t.config import SHARD_SHAPING_MODEL_KEYS, Config
 from b2t.contract import Batch
@@ -37,7 +40,8 @@ from b2t.data.manifest import Manifest
 from b2t.decoding import decode_batches, summarize
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
-from b2t.train import warmup
+from b2t.run_lock import exclusive, reading_dataset, run_lock_name
+from b2t.train import interruptions, warmup
 from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
@@ -46,15 +50,19 @@ from b2t.train.metrics_log import MetricsLog, read_records
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
 from b2t.train.rates import TRAINING, StepClock
+from b2t.train.run_dir import (
+    BEST,
+    LAST,
+    METRICS,
+    TrainingError,
+    metrics_name,
+    resume_or_start,
+    same_data_order,
+    this_rank,
+)
 from b2t.train.step import TOTAL, Stepper
 from b2t.train.summary import finished_summary, run_times
 from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
-
-LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
-
-
-class TrainingError(RuntimeError):
-    """The run cannot continue; the message says why and what to do."""
 
 
 @dataclass
@@ -153,6 +161,7 @@ class Run:
     progress: bool = True
     clock: StepClock = field(default_factory=StepClock)  # steps/s from stepping time only (b2t.train.rates)
     bar: tqdm | None = None  # the training bar, made after the warm-up so its rate and ETA hold steps only
+    phase: str = "the warm-up"  # what runs now, for an out-of-memory message
 
     @property
     def has_val(self) -> bool:
@@ -225,6 +234,7 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
     if opts.resume:
         check_same_readers(run_dir, layout)
         state = _resume_state(run_dir / LAST, model, optimizer, dataset, manifest, cfg)
+        cfg = same_data_order(run_dir / LAST, state.config, cfg)
     else:
         state = TrainState(sessions=manifest.sessions, config=cfg.to_dict())
     state.dataset = {"path": str(dataset), "identity": manifest.identity()}
@@ -233,7 +243,7 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
         tqdm.write(f"note: {run_dir / LAST} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
                    "training goes on, but not bit-identical to an unbroken run on one mesh")
     state.mesh = layout.mesh
-    log = MetricsLog(run_dir / (METRICS if layout.is_main else f"metrics.rank{layout.rank}.jsonl"),
+    log = MetricsLog(run_dir / metrics_name(layout.rank),
                      tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
     if layout.is_main:
         tqdm.write(describe(backend, cfg.train.compute_dtype))
@@ -274,6 +284,7 @@ def warm_up(run: Run, opts: RunOptions) -> CompileStats:
 
     def report(piece: Piece | None) -> None:
         check_compiles(run, opts, f"in the warm-up, before the {piece or 'loop'}")
+        run.phase = f"the warm-up's {piece}" if piece else "the warm-up"
         progress(piece)
 
     run.clock.start("warm-up")
@@ -320,27 +331,27 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
     if opts.resume and opts.init_from is not None:
         raise TrainingError(f"--resume continues {run_dir / LAST} (weights, optimizer and schedule) and --init-from "
                             f"starts a new run from {opts.init_from}'s weights: pass one of them")
-    manifest = Manifest.load(dataset)
-    check_compatible(manifest, cfg)
-    for note in manifest.config_differences(cfg.data):
-        tqdm.write(f"note: {note}")
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        return _train(dataset, run_dir, manifest, cfg, opts)
-    except BaseException:
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()  # a run refused before it wrote anything leaves no trace
-        raise
+    signals.describe_stop(lambda name: interruptions.warm_up_line(name, 0))
+    with reading_dataset(dataset):
+        manifest = Manifest.load(dataset)
+        check_compatible(manifest, cfg)
+        for note in manifest.config_differences(cfg.data):
+            tqdm.write(f"note: {note}")
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = run_lock_name(this_rank())
+        try:
+            with exclusive(run_dir, lock, "b2t-train"):
+                return _train(dataset, run_dir, manifest, cfg, opts)
+        except BaseException:
+            if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {lock}:
+                shutil.rmtree(run_dir)  # a run refused before it wrote anything leaves no trace
+            raise
 
 
 def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions) -> dict[str, Any]:
     remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
-    if (run_dir / LAST).exists() and not opts.resume:
-        raise TrainingError(f"{run_dir / LAST} exists: pass --resume to continue it, or choose a new run directory")
-    if opts.resume and not (run_dir / LAST).exists():
-        tqdm.write(f"note: no {run_dir / LAST} yet (stopped before its first checkpoint): starting from scratch")
-        opts = replace(opts, resume=False)
+    opts = replace(opts, resume=resume_or_start(run_dir, cfg, opts.resume, this_rank()))
     if opts.resume:
         state = read_state(run_dir / LAST)
         if state.step >= cfg.train.steps:  # finished: nothing to compile or train, the end summary again
@@ -350,9 +361,11 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
                 return done
     check_shards(dataset, manifest, sha256=opts.verify_data)
     layout, mesh, rank_device = make_layout(cfg.train.backend, cfg.mesh)
+    run: Run | None = None
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
         run = start_run(dataset, run_dir, manifest, cfg, opts, layout, backend)
+        signals.describe_stop(lambda name: interruptions.warm_up_line(name, run.state.step))
         warm = warm_up(run, opts) if run.state.step < cfg.train.steps else run.backend.stats()
         stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
         if run.state.step < cfg.train.steps:
@@ -360,7 +373,10 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
                 first = [next(stream) for _ in range(cfg.train.grad_accum)]
             stream = itertools.chain(first, stream)
         run.start_bar()
+        signals.describe_stop(lambda name: interruptions.interrupted_line(name, run.state.step, run_dir / LAST))
+        signals.defer()  # from now on a signal stops the run after the step in flight, kept in last.safetensors
         while run.state.step < cfg.train.steps:
+            run.phase = f"step {run.state.step + 1}"
             norm = run.step(stream)
             if run.due(cfg.train.log_every):
                 run.log_losses(norm)
@@ -369,7 +385,25 @@ def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: 
                 run.validate()
             if layout.is_main and run.due(cfg.train.checkpoint_every):
                 run.checkpoint()
+            if (signum := interruptions.agreed_signal(layout.kind == "ddp")) is not None:
+                raise stop(run, signum)
         return finish(run, warm, opts)
+    except Exception as e:
+        if interruptions.is_out_of_memory(e):
+            where = run.phase if run is not None else "building the model and its optimizer"
+            raise TrainingError(interruptions.out_of_memory_line(where, e)) from None
+        raise
     finally:
         if layout.kind == "ddp":
             close_ddp()
+
+
+def stop(run: Run, signum: int) -> signals.Stopped:
+    """Keep the run at its current step (`last.safetensors`, unless just written) for a stop
+    by `signum`, and the exception that ends b2t-train saying so."""
+    if run.layout.is_main and not run.due(run.cfg.train.checkpoint_every):
+        run.checkpoint()
+    run.log.write("stopped", step=run.state.step, signal=signal.Signals(signum).name)
+    run.log.close()
+    run.bar.close()
+    return interruptions.stopped(signum, run.state.step, run.run_dir / LAST)

@@ -138,7 +138,7 @@ def weight_layout(cfg: ModelConfig, n_days: int, fsdp: int = 1) -> Weights:
     return Weights(sum(s.numel() for s in shapes), per_device, max(s.numel() for s in shapes), fsdp)
 
 
-def static_bytes(weights: Weights, cfg: ModelConfig, spmd: bool) -> dict[str, int]:
+def static_bytes(weights: Weights, cfg: ModelConfig) -> dict[str, int]:
     """Per-device bytes of a step that do not depend on the batch, by part."""
     share = weights.per_device
     parts = {
@@ -197,14 +197,14 @@ class MemoryPlan:
         return self.device_memory is not None and self.peak <= int(self.device_memory * (1.0 - self.headroom))
 
 
-def step_bytes(rows: int, shape: BucketShape, weights: Weights, cfg: ModelConfig, spmd: bool) -> int:
+def step_bytes(rows: int, shape: BucketShape, weights: Weights, cfg: ModelConfig) -> int:
     """Per-device estimate of a step on `rows` rows of `shape`'s T and L."""
-    return sum(static_bytes(weights, cfg, spmd).values()) + sum(activation_bytes(rows, shape.T, shape.L, cfg).values())
+    return sum(static_bytes(weights, cfg).values()) + sum(activation_bytes(rows, shape.T, shape.L, cfg).values())
 
 
-def largest_rows(shape: BucketShape, budget: int, weights: Weights, cfg: ModelConfig, spmd: bool) -> int:
+def largest_rows(shape: BucketShape, budget: int, weights: Weights, cfg: ModelConfig) -> int:
     """The most rows per device of `shape` whose step fits `budget` bytes (0 if none does)."""
-    return largest_passing(lambda rows: step_bytes(rows, shape, weights, cfg, spmd) <= budget)
+    return largest_passing(lambda rows: step_bytes(rows, shape, weights, cfg) <= budget)
 
 
 def largest_passing(passes: Callable[[int], bool], start: int = 1) -> int:
@@ -221,7 +221,7 @@ def largest_passing(passes: Callable[[int], bool], start: int = 1) -> int:
 
 
 def plan_memory(buckets: list[BucketShape], n_days: int, cfg: Config, devices: int, *,
-                spmd: bool, fsdp: int = 1, device_memory: int | None = None,
+                fsdp: int = 1, device_memory: int | None = None,
                 headroom: float = DEFAULT_HEADROOM, recommend: bool = True) -> MemoryPlan:
     """The per-device memory plan of training `cfg` on `buckets` split over `devices`, weights
     sharded over `fsdp` of them; with `device_memory`, also the mesh `recommend_mesh` picks."""
@@ -235,24 +235,24 @@ def plan_memory(buckets: list[BucketShape], n_days: int, cfg: Config, devices: i
     notes = [f"{b.T}x{b.B}: B does not divide over {devices} devices" for b in buckets if b.B % devices]
     plans = [BucketPlan(b, b.B // devices, activation_bytes(max(b.B // devices, 1), b.T, b.L, cfg.model))
              for b in buckets]
-    static = static_bytes(weights, cfg.model, spmd)
+    static = static_bytes(weights, cfg.model)
     if device_memory is None:
         return MemoryPlan(devices, weights.n_params, static, plans, notes=notes, parts=parts, fsdp=fsdp)
     budget = int(device_memory * (1.0 - headroom))
-    fit = largest_rows(max(plans, key=lambda b: b.activation_total).shape, budget, weights, cfg.model, spmd)
+    fit = largest_rows(max(plans, key=lambda b: b.activation_total).shape, budget, weights, cfg.model)
     plan = MemoryPlan(devices, weights.n_params, static, plans, device_memory, headroom, fit, notes, parts, fsdp)
     if not recommend:
         return plan
-    return replace(plan, recommended=recommend_mesh(buckets, n_days, cfg, devices, spmd=spmd,
-                                                    device_memory=device_memory, headroom=headroom))
+    return replace(plan, recommended=recommend_mesh(buckets, n_days, cfg, devices, device_memory=device_memory,
+                                                    headroom=headroom))
 
 
-def recommend_mesh(buckets: list[BucketShape], n_days: int, cfg: Config, devices: int, *, spmd: bool,
+def recommend_mesh(buckets: list[BucketShape], n_days: int, cfg: Config, devices: int, *,
                    device_memory: int, headroom: float = DEFAULT_HEADROOM) -> MemoryPlan:
     """The plan of the mesh of `devices` to train on: the least weight sharding whose step fits the
     configured batches in one step (least communication); when none does, the most sharding
     (the largest micro-batch)."""
-    plans = [plan_memory(buckets, n_days, cfg, devices, spmd=spmd or f > 1, fsdp=f, device_memory=device_memory,
+    plans = [plan_memory(buckets, n_days, cfg, devices, fsdp=f, device_memory=device_memory,
                          headroom=headroom, recommend=False)
              for f in range(1, devices + 1) if devices % f == 0]
     return next((p for p in plans if p.fits), plans[-1])

@@ -8,6 +8,7 @@ import click
 
 from b2t.atomic import atomic_write_text
 from b2t.cli_errors import Group, UserError
+from b2t.paths import Place, RegularFile, refuse_clashes
 from b2t.words.kenlm_binary import BINARY_SUFFIXES, BuildBinaryError, write_binary_lm
 from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
@@ -27,7 +28,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("corpus", type=RegularFile())
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help=f"LM file to write: a KenLM binary if its name ends in {' or '.join(BINARY_SUFFIXES)} (b2t-eval "
                    "loads it at once; needs KenLM's build_binary, which `make install` builds), else ARPA text.")
@@ -37,6 +38,7 @@ def build(corpus: Path, output: Path, order: int) -> None:
 
     Either file is written whole or not at all: b2t-eval never reads half a model.
     """
+    refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus)])
     try:
         arpa = build_arpa(_read_corpus(corpus), order=order)
     except ValueError as e:
@@ -53,13 +55,14 @@ def build(corpus: Path, output: Path, order: int) -> None:
 
 
 @main.command()
-@click.argument("corpus", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("corpus", type=RegularFile())
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Lexicon file to write (`word PH1 PH2 ...` lines).")
-@click.option("--source", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--source", type=RegularFile(), default=None,
               help="Lexicon file to take pronunciations from [default: the CMU pronouncing dictionary].")
 def lexicon(corpus: Path, output: Path, source: Path | None) -> None:
     """Write the pronunciations of CORPUS's words (the decoder's vocabulary)."""
+    refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus), *([Place("--source", source)] if source else [])])
     try:
         full = cmu_lexicon() if source is None else load_lexicon(source)
     except LexiconError as e:

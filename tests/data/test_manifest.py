@@ -36,3 +36,19 @@ def test_a_folder_in_a_shards_place_is_not_called_missing(tiny_dataset, tmp_path
     (root / name).unlink()
     (root / name).mkdir()
     assert manifest.shard_problems(root, ("val",), sha256=False) == [f"{name}: is a folder, expected a shard file"]
+
+
+def test_a_shard_linked_to_a_file_in_a_sub_folder_is_inside(tiny_dataset, tmp_path):
+    """Issue 35 case 20: it was refused as "outside" the dataset directory."""
+    from b2t.data.loader import StreamConfig, eval_batches
+
+    root = tmp_path / "shards"
+    shutil.copytree(tiny_dataset[1], root)
+    manifest = Manifest.load(root)
+    name = manifest.shards_of("val")[0].name
+    (root / "store").mkdir()
+    (root / name).rename(root / "store" / name)
+    (root / name).symlink_to(root / "store" / name)
+    assert manifest.shard_problems(root, ("val",), sha256=True) == []
+    assert len(list(eval_batches(root, manifest, "val", StreamConfig()))) == sum(s.n_batches for s in
+                                                                                manifest.shards_of("val"))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from b2t.buckets import ctc_min_patches, patch_count
-from b2t.config import ConfigError, DataConfig, ModelConfig
+from b2t.config import DataConfig, ModelConfig
 from preprocess.batching import even_split, infeasibility, plan_layout
 from preprocess.trials import DataError, TrialRef
 from tests.strategies import SESSIONS, layout_inputs, trial_refs
@@ -132,7 +132,18 @@ def test_train_epochs_are_shuffled_differently_and_reproducibly():
     assert sum(a != b for a, b in zip(buckets, buckets[1:])) > len(set(buckets))
 
 
-def test_token_budget_too_small_is_a_config_error():
+def test_a_trial_too_long_for_the_token_budget_is_named():
     refs = [_ref(n=500, labels=(1,))]
-    with pytest.raises(ConfigError, match="raise the budget"):
+    with pytest.raises(DataError, match=r"trial_0000: 500 bins need a bucket of T=502.*token_budget to at least 502"):
         plan_layout(refs, DataConfig(batch_size=8, token_budget=100), ModelConfig())
+
+
+def test_skip_bad_leaves_out_a_trial_too_long_for_the_token_budget():
+    """Issue 35 case 18: one 20,000-bin trial failed the whole bucket table, naming no trial, with --skip-bad too."""
+    refs = [_ref(n=200 + 4 * i, labels=(1, 2), i=i) for i in range(8)] + [_ref(n=20_000, labels=(1,), i=8)]
+    data = DataConfig(batch_size=8, token_budget=4096, epochs=1)
+    layout = plan_layout(refs, data, ModelConfig(), skip_bad=True)
+    assert [(e.trial, e.reason) for e in layout.exclusions] == [
+        ("trial_0008", "20000 bins need a bucket of T=20002, and data.token_budget=4096 holds 0 rows of it, "
+                       "fewer than data.row_multiple=1")]
+    assert sum(len(p.trials) for p in layout.plans) == 8 and max(b.T for b in layout.buckets) < 4096

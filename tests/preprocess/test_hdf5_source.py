@@ -299,3 +299,14 @@ def test_file_fingerprint(train_file: Path) -> None:
         "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+
+
+def test_a_fifo_named_like_a_session_file_is_refused_not_opened(tmp_path: Path) -> None:
+    """Issue 35 case 16: a FIFO named data_val.hdf5 blocked b2t-preprocess for ever."""
+    import os
+
+    make_file(tmp_path / SESSION / "data_train.hdf5")
+    os.mkfifo(tmp_path / SESSION / "data_val.hdf5")
+    with pytest.raises(DataError, match=r"data_val.hdf5: is a FIFO \(named pipe\), not a regular file: expected an "
+                                        r"HDF5 file"):
+        discover_sessions(tmp_path)

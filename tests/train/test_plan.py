@@ -39,7 +39,7 @@ def test_parameter_count_is_the_model_s(n_days, cfg):
 
 
 def test_baseline_with_45_days_has_the_reference_size_and_4_bytes_per_weight():
-    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 1, spmd=False)
+    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 1)
     assert 43e6 < plan.n_params < 45e6  # "about 44M parameters with 45 days"
     assert plan.static["weights (f32)"] == plan.n_params * 4
     assert plan.static["gradients (f32)"] == plan.n_params * 4
@@ -57,12 +57,12 @@ def test_activations_grow_with_rows_time_and_labels(rows, T, L, more):
     assert activation_bytes(2 * rows, T, L, cfg) == {k: 2 * v for k, v in parts.items()}, "linear in rows"
 
 
-def test_more_devices_need_less_memory_each_and_spmd_counts_the_update_copies():
-    one = plan_memory(REAL_BUCKETS, 45, BASELINE, 1, spmd=False)
-    eight = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, spmd=True)
+def test_more_devices_need_less_memory_each_and_the_donated_state_is_not_counted_twice():
+    one = plan_memory(REAL_BUCKETS, 45, BASELINE, 1)
+    eight = plan_memory(REAL_BUCKETS, 45, BASELINE, 8)
     assert eight.largest.rows_per_device == 8
     assert eight.largest.activation_total * 8 == one.largest.activation_total
-    assert eight.static_total == one.static_total + 3 * one.n_params * 4
+    assert eight.static_total == one.static_total, "the step writes its new state into the donated old one"
     assert eight.peak < one.peak
 
 
@@ -71,16 +71,16 @@ def test_largest_micro_batch_fits_and_one_more_row_does_not(budget_gib, devices)
     budget = int(budget_gib * GiB)
     shape = REAL_BUCKETS[-1]
     weights = weight_layout(BASELINE.model, 45)
-    rows = largest_rows(shape, budget, weights, BASELINE.model, spmd=devices > 1)
+    rows = largest_rows(shape, budget, weights, BASELINE.model)
     if rows:
-        assert step_bytes(rows, shape, weights, BASELINE.model, devices > 1) <= budget
-    assert step_bytes(rows + 1, shape, weights, BASELINE.model, devices > 1) > budget
+        assert step_bytes(rows, shape, weights, BASELINE.model) <= budget
+    assert step_bytes(rows + 1, shape, weights, BASELINE.model) > budget
 
 
 def test_plan_reports_the_fit_against_device_memory():
-    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, spmd=True, device_memory=16 * GiB)
+    plan = plan_memory(REAL_BUCKETS, 45, BASELINE, 8, device_memory=16 * GiB)
     assert plan.fit_rows == largest_rows(REAL_BUCKETS[-1], int(16 * GiB * 0.9), weight_layout(BASELINE.model, 45),
-                                         BASELINE.model, True)
+                                         BASELINE.model)
     text = format_plan(plan, BASELINE)
     assert f"largest micro-batch of the T=2498 bucket: {plan.fit_rows} rows/device" in text
     assert "T= 2498 B=  64 L= 88  rows/device    8" in text
@@ -94,27 +94,27 @@ NOISE_687M = load_config(CONFIG_DIR / "noise687m.yaml")
 
 @pytest.mark.parametrize("cfg", [GRU_687M, NOISE_687M], ids=["gru", "noise_separating"])
 def test_fsdp_shards_the_training_state_so_batch_64_of_687m_fits_16_gib_devices(cfg):
-    replicated = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, device_memory=16 * GiB)
-    sharded = plan_memory(REAL_BUCKETS, 45, cfg, 8, spmd=True, fsdp=8, device_memory=16 * GiB)
+    replicated = plan_memory(REAL_BUCKETS, 45, cfg, 8, device_memory=16 * GiB)
+    sharded = plan_memory(REAL_BUCKETS, 45, cfg, 8, fsdp=8, device_memory=16 * GiB)
     assert 680e6 < sharded.n_params < 700e6
     for part in ("weights (f32)", "gradients (f32)", "AdamW moments (f32)"):
         assert replicated.static[part] / 8 <= sharded.static[part] <= 1.3 * replicated.static[part] / 8, part
     assert sharded.largest.activations == replicated.largest.activations, "the rows are split over all 8 either way"
     assert not replicated.fits and sharded.fits
     text = format_plan(replicated, cfg)
-    assert "the configured batches: DOES NOT FIT" in text and "not even one row per device fits" in text
+    assert "the configured batches: DOES NOT FIT" in text and "largest micro-batch of the T=2498 bucket" in text
     assert "the configured batches: fits" in format_plan(sharded, cfg)
 
 
 def test_the_recommended_mesh_is_the_least_sharding_that_fits():
-    best = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=16 * GiB).recommended
+    best = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, device_memory=16 * GiB).recommended
     assert best.fits and best.fsdp > 1
     for fsdp in (f for f in (1, 2, 4) if f < best.fsdp):
-        assert not plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, fsdp=fsdp, device_memory=16 * GiB).fits
-    tight = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=4 * GiB).recommended
+        assert not plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, fsdp=fsdp, device_memory=16 * GiB).fits
+    tight = plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, device_memory=4 * GiB).recommended
     assert (tight.fsdp, tight.fits) == (8, False), "nothing fits: the most sharding, for the largest micro-batch"
     assert "recommended on 8 devices: --mesh fsdp=8; no mesh fits" in format_plan(
-        plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, spmd=True, device_memory=4 * GiB), GRU_687M)
+        plan_memory(REAL_BUCKETS, 45, GRU_687M, 8, device_memory=4 * GiB), GRU_687M)
 
 
 @pytest.mark.parametrize(("text", "n"), [("16GiB", 16 * GiB), ("512MiB", 512 * 1024**2), ("16GB", 16 * 10**9),

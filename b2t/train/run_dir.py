@@ -1,0 +1,118 @@
+"""A run directory: what b2t-train writes in it, and when a run may start or continue there.
+
+RUN_DIR holds `last.safetensors` (resumable), `best.safetensors`, `metrics.jsonl` (the
+other torchrun ranks: `metrics.rank<r>.jsonl`), `tensorboard/` and each process's lock
+(`b2t.run_lock`: one b2t-train per rank at a time). The rules, checked before anything is
+loaded or written:
+- A new run (no `--resume`) starts only where no earlier run left results: with a
+  `last.safetensors` it asks for `--resume`; with `best.safetensors` or trained steps in
+  the metrics log but no `last` (deleted, or moved) it is refused. Starting there would
+  truncate the log and let the first validation overwrite `best` with a worse model.
+- `--resume` without `last.safetensors` starts from scratch only when the earlier run
+  ended before its first checkpoint was due (kill -9 early on: nothing lost but those
+  steps, which a fresh start repeats exactly); past that, `last` is missing and is refused.
+- `--resume` continues the data order exactly (`same_data_order`): a setting that would
+  change it is refused, or, for the loader's worker count, the checkpoint's is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from b2t.config import Config
+from b2t.train.metrics_log import scan_records
+from b2t.train.parallel import torchrun_rank_world
+
+LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
+RESULT_KINDS = ("train", "val", "summary")
+"""Metrics records that say steps were trained (the others: layout, compile, init)."""
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue; the message says why and what to do."""
+
+
+class RunDirError(TrainingError):
+    """RUN_DIR cannot take this run as asked; the message says why and what to do."""
+
+
+def this_rank() -> int:
+    """This process's rank among torchrun's (0 outside torchrun): whose lock and metrics log it holds."""
+    return (torchrun_rank_world() or (0,))[0]
+
+
+def metrics_name(rank: int) -> str:
+    """The metrics log of one process (rank 0 writes the main one)."""
+    return METRICS if rank == 0 else f"metrics.rank{rank}.jsonl"
+
+
+def _results(run_dir: Path, rank: int) -> tuple[list[str], int, bool]:
+    """(what holds results, the last step they reach, whether a summary says the run finished)."""
+    held, last_step, finished = [], 0, False
+    log = run_dir / metrics_name(rank)
+    if log.is_file():
+        records = [r for r in scan_records(log)[0] if r.get("kind") in RESULT_KINDS]
+        if records:
+            steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+            last_step, finished = max(steps, default=0), any(r["kind"] == "summary" for r in records)
+            held.append(f"{log.name} (steps up to {last_step})")
+    if rank == 0 and (run_dir / BEST).exists():
+        held.append(BEST)
+    return held, last_step, finished
+
+
+def resume_or_start(run_dir: Path, cfg: Config, resume: bool, rank: int = 0) -> bool:
+    """Whether this run resumes `run_dir/last.safetensors` (False: it starts from scratch), by
+    the module's rules; RunDirError where the directory holds results a start would lose."""
+    last = run_dir / LAST
+    if last.exists():
+        if not resume:
+            raise RunDirError(f"{last} exists: pass --resume to continue it, or choose a new run directory")
+        return True
+    held, last_step, finished = _results(run_dir, rank)
+    lost = f"{run_dir} holds an earlier run's {' and '.join(held)} but no {LAST}"
+    if held and not resume:
+        raise RunDirError(f"{lost}: a new run here would overwrite them; choose a new run directory, or move "
+                          "those files away (restore last.safetensors and pass --resume to continue that run)")
+    if not resume:
+        return False
+    if finished or last_step >= cfg.train.checkpoint_every:
+        raise RunDirError(f"{lost}, although a checkpoint was due by step {cfg.train.checkpoint_every}: it was "
+                          f"deleted or moved; restore {last} to continue, or choose a new run directory")
+    tqdm.write(f"note: no {last} yet (stopped before its first checkpoint): starting from scratch")
+    return False
+
+
+FREE_ON_RESUME = ("steps", "val_every", "log_every", "checkpoint_every")
+"""`train` settings a resumed run may change: none of them changes what a step computes."""
+KEPT_ON_RESUME = ("num_workers",)
+"""Settings the data order depends on that are machine-dependent: the checkpoint's value is kept."""
+NOT_EXACT_ON_RESUME = ("backend", "compute_dtype")
+"""Settings that change the step's arithmetic, not the data: the run goes on, not bit-identical."""
+
+
+def same_data_order(path: Path, saved: dict, cfg: Config) -> Config:
+    """`cfg` for resuming the checkpoint at `path`, trained with the config `saved`: its data
+    order (loader workers kept as saved, with a note) and draws exactly the saved run's.
+    RunDirError names a setting that cannot be kept exact (train.seed, which seeds the shard
+    order, the shuffle and every step's draws; shuffle_buffer; grad_accum, the batches per step);
+    a note names one that changes the arithmetic (backend, compute dtype)."""
+    then = saved.get("train") if isinstance(saved.get("train"), dict) else {}
+    now = cfg.to_dict()["train"]
+    changed = [k for k in now if k in then and then[k] != now[k] and k not in FREE_ON_RESUME]
+    refused = [k for k in changed if k not in KEPT_ON_RESUME + NOT_EXACT_ON_RESUME]
+    if refused:
+        listed = ", ".join(f"train.{k}={now[k]!r} (trained with {then[k]!r})" for k in refused)
+        raise RunDirError(f"{path} cannot continue exactly with {listed}: it changes the data order or the "
+                          "batches each step sees; resume with the values it was trained with, or start a new run")
+    kept = {k: then[k] for k in changed if k in KEPT_ON_RESUME}
+    for k, v in kept.items():
+        tqdm.write(f"note: train.{k}={now[k]!r} ignored: {path} was trained with {k}={v!r}, which the data order "
+                   "depends on; the run goes on with it, so it continues exactly")
+    for k in (k for k in changed if k in NOT_EXACT_ON_RESUME):
+        tqdm.write(f"note: {path} was trained with train.{k}={then[k]!r}, this run uses {now[k]!r}: training goes "
+                   "on, but not bit-identical to an unbroken run")
+    return replace(cfg, train=replace(cfg.train, **kept)) if kept else cfg
