@@ -235,20 +235,21 @@ def sharding_constraint(t: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
     return _ShardingConstraint.apply(t, mesh, spec)
 
 
-def device_data_ids(tensors: list[torch.Tensor]) -> list[int]:
-    """torch_xla's id of each tensor's data: the id a graph's input node keeps after the tensor
-    is updated in place (the tensor itself then gets a new id)."""
+def data_handles(tensors: list[torch.Tensor]) -> list[int]:
+    """torch_xla's handle of each tensor's device data (placeholders too): what a graph's input
+    node keeps after the tensor is updated in place. Not the tensor's id: on a mesh a graph's
+    input node may hold the data under no tensor id at all (-1), the handle it always has."""
     import torch_xla
 
-    return [torch_xla._XLAC._xla_get_tensor_id(t) for t in tensors]
+    return list(torch_xla._XLAC._get_tensors_handle(list(tensors)))
 
 
-def graph_data_ids(roots: list[torch.Tensor]) -> list[int]:
-    """The data ids of the inputs of the graph computing `roots`, in its parameter order."""
+def graph_data_handles(roots: list[torch.Tensor]) -> list[int]:
+    """The data handles of the inputs of the graph computing `roots`, in its parameter order."""
     import torch_xla
 
-    ids, _ = torch_xla._XLAC._get_tensors_xla_device_data_node(roots)
-    return list(ids)
+    _, data = torch_xla._XLAC._get_tensors_xla_device_data_node(roots)
+    return data_handles(data)
 
 
 def is_placeholder(t: torch.Tensor) -> bool:

@@ -39,7 +39,7 @@ from torch import nn
 from b2t.config import Config, MeshConfig
 from b2t.contract import Batch, BucketShape, empty_batch
 from b2t.model.registry import build_model
-from b2t.private_api import device_data_ids, graph_data_ids, has_pending_graph, is_placeholder, warm_up_cache
+from b2t.private_api import data_handles, graph_data_handles, has_pending_graph, is_placeholder, warm_up_cache
 from b2t.train.backend import Backend
 from b2t.train.optim import make_optimizer
 from b2t.train.step import Stepper
@@ -202,7 +202,7 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
     optimizer = make_optimizer(model, cfg.optim) if kind == "train" else None
     stepper = Stepper(model, optimizer, backend, cfg)
     state = stepper.training_state() if optimizer is not None else []
-    ids_before = device_data_ids(state)  # an in-place update gives a tensor a new id; its input keeps this one
+    ids_before = data_handles(state)  # an in-place update gives a tensor new data; its input keeps this one
     share = _state_bytes(model, optimizer, backend, stepper)
     before = set(dump_dir.glob(f"*{DUMP_SUFFIX}"))
     t0 = time.perf_counter()
@@ -225,11 +225,11 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
                            f"found {len(written)} in {dump_dir}")
     donate = os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1") != "0"  # as torch_xla reads it
     donated = set(ids_before)  # the training state, every buffer of which the step donates
-    handed = {d: (m, i) for m, c in enumerate(backend.cuts) for i, d in enumerate(device_data_ids(c.placeholders))}
+    handed = {d: (m, i) for m, c in enumerate(backend.cuts) for i, d in enumerate(data_handles(c.placeholders))}
     parts = _part_names(kind, len(backend.cuts), backend.mesh is not None, bool(roots))
     graphs = []
     for m, (path, module_roots) in enumerate(zip(written, modules)):
-        inputs = graph_data_ids(module_roots)
+        inputs = graph_data_handles(module_roots)
         donors = tuple(n for n, d in enumerate(inputs) if d in donated) if donate and m == len(modules) - 1 else ()
         from_earlier = tuple((n, *handed[d]) for n, d in enumerate(inputs) if d in handed)
         resident = sum(b for d, b in share.items() if d not in set(inputs))
@@ -249,9 +249,9 @@ def _part_names(kind: str, cuts: int, spmd: bool, lazy: bool) -> list[str]:
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, backend: TraceBackend,
                  stepper: Stepper) -> dict[int, int]:
-    """Data id -> bytes per chip of every tensor a training run keeps on the device across its
+    """Data handle -> bytes per chip of every tensor a training run keeps on the device across its
     graphs: weights, gradients, AdamW's moments and step counts. In evaluation (no optimizer here)
-    the run's gradients and moments still live beside the eval graph: counted under negative ids."""
+    the run's gradients and moments still live beside the eval graph: counted under a negative key."""
     from b2t.train.mesh import FSDP_AXIS
 
     def per_chip(t: torch.Tensor, spec: tuple) -> int:
@@ -266,9 +266,9 @@ def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, back
                 if isinstance(t, torch.Tensor):
                     owner[id(t)] = (t, specs[id(p)] if t.shape == p.shape else ())
         tensors = stepper.training_state()
-        return {d: per_chip(*owner[id(t)]) for t, d in zip(tensors, device_data_ids(tensors))}
+        return {d: per_chip(*owner[id(t)]) for t, d in zip(tensors, data_handles(tensors))}
     weights = list(model.parameters())
-    share = dict(zip(device_data_ids(weights), (per_chip(p, specs[id(p)]) for p in weights)))
+    share = dict(zip(data_handles(weights), (per_chip(p, specs[id(p)]) for p in weights)))
     extra = sum(3 * per_chip(p, specs[id(p)]) + 4 for p in weights if p.requires_grad)  # grad, 2 moments, step count
     return {**share, -1: extra}
 
