@@ -238,10 +238,19 @@ def sharding_constraint(t: torch.Tensor, mesh: str, spec: str) -> torch.Tensor:
 def data_handles(tensors: list[torch.Tensor]) -> list[int]:
     """torch_xla's handle of each tensor's device data (placeholders too): what a graph's input
     node keeps after the tensor is updated in place. Not the tensor's id: on a mesh a graph's
-    input node may hold the data under no tensor id at all (-1), the handle it always has."""
+    input node may hold the data under no tensor id at all (-1), the handle it always has. A
+    pending tensor that only annotates one tensor's data (a sharding) gives that data's handle."""
     import torch_xla
 
-    return list(torch_xla._XLAC._get_tensors_handle(list(tensors)))
+    handles = []
+    for t in tensors:
+        if has_pending_graph(t):  # an annotated placeholder (fsdp's sharding on the trace): the data under it
+            _, data = torch_xla._XLAC._get_tensors_xla_device_data_node([t])
+            if len(data) != 1:
+                raise ValueError(f"a pending tensor of {len(data)} inputs has no one data handle")
+            t = data[0]
+        handles.append(torch_xla._XLAC._get_tensors_handle([t])[0])
+    return handles
 
 
 def graph_data_handles(roots: list[torch.Tensor]) -> list[int]:
