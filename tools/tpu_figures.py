@@ -210,15 +210,20 @@ QUESTION = (("B=64", "data=8", LONGEST, ()), ("B=64", "data=2,fsdp=4", LONGEST, 
             ("B=32 x grad_accum 2", "data=8", "2498,32,88", ("train.grad_accum=2",)))
 
 
+BACKENDS = click.option("--backend", "backends", multiple=True, default=("openxla", "xla"), show_default=True,
+                        type=click.Choice(["openxla", "xla"]), help="Backends to measure (repeatable).")
+
+
 @main.command()
-def question() -> None:
+@BACKENDS
+def question(backends: tuple[str, ...]) -> None:
     """noise687m at batch 64 in the longest bucket on v5e-8 (the original layout data=8, two fsdp
     meshes, and the original fallback B=32 x 2), both backends: memory per chip, verdict, FLOPs,
     bytes, roofline and compile seconds."""
     print("| backend | run | mesh | args | out | alias | temp | live | code | total GiB per chip | verdict | TFLOP per chip "
           "| GB moved | >= ms/step | <= steps/s | bound by | compile s | peak host RAM GiB |")
     print("|" + "---|" * 18)
-    for backend in ("openxla", "xla"):
+    for backend in backends:
         for name, mesh, shape, sets in QUESTION:
             args = ["--config", "configs/noise687m.yaml", "--target", "v5e-8", "--mesh", mesh, "--shape", shape,
                     "--backend", backend]
@@ -235,15 +240,18 @@ def question() -> None:
 
 
 @main.command()
-def share() -> None:
+@BACKENDS
+@click.option("--config", "configs", multiple=True, show_default=True,
+              default=("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml"))
+def share(backends: tuple[str, ...], configs: tuple[str, ...]) -> None:
     """Does each chip do only its share? Per-chip train FLOPs (loop trips included) on v5e-8
     meshes against the one-chip step's / 8, longest bucket at B=64, both backends. The 687M
     model does not fit one chip at B=64, so its reference is one chip at B=8 (its per-row work
     is the whole step's / 8; the update, per weight, is counted whole on every data-parallel chip)."""
     print("| config | backend | mesh | TFLOP per chip | one chip's / 8 | ratio |")
     print("|---|---|---|---|---|---|")
-    for config in ("configs/tiny.yaml", "configs/baseline.yaml", "configs/noise687m.yaml"):
-        for backend in ("openxla", "xla"):
+    for config in configs:
+        for backend in backends:
             big = "noise687m" in config
             one = _run("--config", config, "--target", "v5e-1", "--mesh", "", "--shape",
                        "2498,8,88" if big else LONGEST, "--backend", backend)
