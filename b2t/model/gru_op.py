@@ -33,9 +33,10 @@ def _all_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
     backward needs."""
     with torch.no_grad():
         if x.device.type == "xla":
-            return scan_layers(x, h0, weights, keep), x.new_empty(0)
-        gates = input_gates(x, h0, weights)
-        outputs = native_layers(x, h0, weights, keep, gates)
+            outputs, gates = scan_layers(x, h0, weights, keep), x.new_empty(0)
+        else:
+            gates = input_gates(x, h0, weights)
+            outputs = native_layers(x, h0, weights, keep, gates)
         return torch.stack([y.to(h0.dtype) for y in outputs]), gates
 
 

@@ -31,7 +31,6 @@ L layers.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -52,13 +51,9 @@ def _native_autocast(x: torch.Tensor, h0: torch.Tensor) -> torch.autocast:
     """Autocast to x's dtype when that is below h0's (what the trainer's bf16 autocast does
     around the model): torch's GRU then computes its gates in bf16 (on the CPU: the matmuls
     and gate activations, with the state in f32; on CUDA cuDNN runs in bf16)."""
-    return _autocast_of(x.device.type, x.dtype, h0.dtype)
-
-
-def _autocast_of(device_type: str, compute: torch.dtype, state: torch.dtype) -> torch.autocast:
-    """`_native_autocast` from the dtypes alone (a scan body may not close over tensors)."""
-    low = compute != state
-    return torch.autocast(device_type, dtype=compute if low else torch.get_autocast_dtype(device_type), enabled=low)
+    low = x.dtype != h0.dtype
+    return torch.autocast(x.device.type, dtype=x.dtype if low else torch.get_autocast_dtype(x.device.type),
+                          enabled=low)
 
 
 def native_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
@@ -123,60 +118,21 @@ def stack_backward(grad: torch.Tensor, x: torch.Tensor, h0: torch.Tensor, weight
     is read by every step, never saved per step.
     """
     layers = _layers(weights)
-    autocast = (x.device.type, x.dtype, h0.dtype)  # the forward's, as `_autocast_of` takes it
+    d_weights: list[torch.Tensor] = []
+    d_h0: list[torch.Tensor] = []
+    d_y = _layer_of(grad, len(layers) - 1)
     walk = _walk_scan if x.device.type == "xla" else _walk_loop
     with torch.autocast(x.device.type, enabled=False):
-        d_y = _layer_of(grad, len(layers) - 1)
-        if x.device.type == "xla" and len(layers) > 2:  # as in scan_layers: a loop only for 2 or more layers
-            d_y, d_h0_upper, d_weights_upper = _upper_layers_scan(d_y, grad, h0, weights, keep, states, autocast)
-        else:
-            d_h0_upper, d_weights_upper = [], []
-            for layer in reversed(range(1, len(layers))):
-                inp = _masked(_layer_of(states, layer - 1), keep, layer - 1)
-                h_prev = _states_before(_layer_of(h0, layer), _layer_of(states, layer))
-                d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _autocast_of(*autocast), walk,
-                                                       None)
-                d_weights_upper[:0], d_h0_upper[:0] = grads, [d_state]
+        for layer in reversed(range(len(layers))):
+            inp = x if layer == 0 else _masked(_layer_of(states, layer - 1), keep, layer - 1)
+            state = _layer_of(states, layer)
+            h_prev = torch.cat([_layer_of(h0, layer)[:, None], state[:, :-1]], dim=1)  # (B, P, H): state before each step
+            gates = first_gates if layer == 0 else None
+            d_in, d_state, grads = _layer_backward(d_y, inp, h_prev, layers[layer], _native_autocast(x, h0), walk, gates)
+            d_weights[:0], d_h0[:0] = grads, [d_state]
+            if layer:
                 d_y = _layer_of(grad, layer - 1) + _masked(d_in, keep, layer - 1)
-        h_prev = _states_before(_layer_of(h0, 0), _layer_of(states, 0))
-        d_in, d_state, grads = _layer_backward(d_y, x, h_prev, layers[0], _autocast_of(*autocast), walk, first_gates)
-    d_weights = [*grads, *d_weights_upper]
-    return [d_in.to(x.dtype), torch.stack([d_state, *d_h0_upper]), *(g.to(w.dtype) for g, w in zip(d_weights, weights))]
-
-
-def _states_before(h0: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """(B, H), (B, P, H) -> (B, P, H): a layer's state before each step."""
-    return torch.cat([h0[:, None], state[:, :-1]], dim=1)
-
-
-def _upper_layers_scan(d_y: torch.Tensor, grad: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                       keep: torch.Tensor | None, states: torch.Tensor, autocast: tuple
-                       ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """The backward of layers L-1 .. 1 as one reverse XLA while-loop over the layers (they have
-    one shape, so the compiler builds one layer's backward, not L-1 copies): the top layer's
-    output gradient `d_y` (B, P, H) -> the first layer's, and the d h0 and 4 weight gradients
-    of each upper layer, per layer in torch's order."""
-    L = len(weights) // 4
-    xs = {"state": _layers_of(states, 1, L), "below": _layers_of(states, 0, L - 1), "h0": _layers_of(h0, 1, L),
-          "grad_below": _layers_of(grad, 0, L - 1),
-          "weights": [torch.stack(weights[4 + k :: 4]) for k in range(4)]}  # (L-1, ...) each kind
-    if keep is not None:
-        xs["keep"] = keep  # (L-1, B, P, H): layer l's input mask is keep[l-1]
-    carry, (d_h0, *d_w) = scan_no_grad(functools.partial(_upper_layer_step, autocast=autocast), {"d_y": d_y}, xs,
-                                       reverse=True)
-    per_layer = [_layer_of(g, i) for i in range(L - 1) for g in d_w]
-    return carry["d_y"], [_layer_of(d_h0, i) for i in range(L - 1)], per_layer
-
-
-def _upper_layer_step(carry: Carry, xs: dict, autocast: tuple) -> tuple[Carry, tuple[torch.Tensor, ...]]:
-    """One upper layer of `stack_backward`'s loop, as its unrolled form computes it."""
-    keep = xs.get("keep")
-    inp = xs["below"] if keep is None else xs["below"] * keep
-    h_prev = _states_before(xs["h0"], xs["state"])
-    d_in, d_state, grads = _layer_backward(carry["d_y"], inp, h_prev, xs["weights"], _autocast_of(*autocast),
-                                           _walk_scan, None)
-    below = xs["grad_below"] + (d_in if keep is None else d_in * keep)
-    return {"d_y": below}, (d_state, *grads)
+    return [d_in.to(x.dtype), torch.stack(d_h0), *(g.to(w.dtype) for g, w in zip(d_weights, weights))]
 
 
 def _masked(t: torch.Tensor, keep: torch.Tensor | None, i: int) -> torch.Tensor:
@@ -265,61 +221,26 @@ def _layer_of(t: torch.Tensor, i: int) -> torch.Tensor:
     return t.index_select(0, torch.tensor([i], device=t.device)).squeeze(0)
 
 
-def _layers_of(t: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """`t[start:stop]` as a gather (`_layer_of`'s reason: XLA kernels see no views)."""
-    return t.index_select(0, torch.arange(start, stop, device=t.device))
-
-
 def scan_layers(x: torch.Tensor, h0: torch.Tensor, weights: list[torch.Tensor],
-                keep: torch.Tensor | None) -> torch.Tensor:
+                keep: torch.Tensor | None) -> list[torch.Tensor]:
     """What `native_layers` computes, each layer's time loop one XLA while-loop:
-    (B, P, D), (L, B, H) -> every layer's output stacked, (L, B, P, H) in h0's dtype.
+    (B, P, D), (L, B, H) -> every layer's output (B, P, H) in h0's dtype.
 
     Matmuls run in x's dtype; the hidden state stays in h0's dtype (f32) so rounding does
     not pile up over the steps. Autocast is off inside, so the result depends on the
-    dtypes alone. No gradient is traced: `stack_backward` is the backward. The layers after
-    the first have one shape, so from two of them on they run as one more while-loop over the
-    layers (a trip: a layer's input projection and its time loop): the compiler builds that
-    layer once, not L-1 times.
+    dtypes alone. No gradient is traced: `stack_backward` is the backward.
     """
     compute = x.dtype
-    layers = _layers(weights)
+    y, outputs = x.transpose(0, 1), []  # (P, B, D): the scan walks the leading dim
     with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
-        y = _scan_layer(x.transpose(0, 1), _layer_of(h0, 0), layers[0], compute)  # (P, B, H): the scan walks dim 0
-        outputs = [y.transpose(0, 1)]
-        if len(layers) > 2:  # one layer above the first is one trip: no loop
-            xs = {"h0": _layers_of(h0, 1, len(layers)),
-                  "weights": [torch.stack([w.to(compute) for w in weights[4 + k :: 4]]) for k in range(4)]}
-            if keep is not None:
-                xs["keep"] = keep.transpose(1, 2)  # (L-1, P, B, H): layer l's input mask is keep[l-1]
-            _, upper = scan_no_grad(functools.partial(_layer_step, compute=compute), {"y": y}, xs)  # (L-1, P, B, H)
-            return torch.cat([outputs[0][None], upper.transpose(1, 2)])
-        for layer in range(1, len(layers)):
-            if keep is not None:
+        for layer, (w_ih, w_hh, b_ih, b_hh) in enumerate(_layers(weights)):
+            if layer and keep is not None:
                 y = y * _layer_of(keep, layer - 1).transpose(0, 1).to(y.dtype)
-            y = _scan_layer(y, _layer_of(h0, layer), layers[layer], compute)
+            gates_x = F.linear(y.to(compute), w_ih.to(compute), b_ih.to(compute))  # (P, B, 3H): all steps in one matmul
+            carry = {"h": _layer_of(h0, layer), "weight_hh": w_hh.to(compute), "bias_hh": b_hh.to(compute)}
+            _, y = scan_no_grad(_gru_step, carry, gates_x)  # (P, B, H)
             outputs.append(y.transpose(0, 1))
-    return torch.stack(outputs)
-
-
-def _scan_layer(y: torch.Tensor, h0: torch.Tensor, params: list[torch.Tensor], compute: torch.dtype) -> torch.Tensor:
-    """One layer: its input projection for all steps in one matmul, then its time loop:
-    (P, B, D), (B, H) -> (P, B, H) in h0's dtype."""
-    w_ih, w_hh, b_ih, b_hh = params
-    gates_x = F.linear(y.to(compute), w_ih.to(compute), b_ih.to(compute))  # (P, B, 3H)
-    carry = {"h": h0, "weight_hh": w_hh.to(compute), "bias_hh": b_hh.to(compute)}
-    _, y = scan_no_grad(_gru_step, carry, gates_x)
-    return y
-
-
-def _layer_step(carry: Carry, xs: dict, compute: torch.dtype) -> tuple[Carry, torch.Tensor]:
-    """One trip of `scan_layers`' loop over the upper layers: the previous layer's output,
-    masked, into this layer."""
-    y = carry["y"]
-    if "keep" in xs:
-        y = y * xs["keep"].to(y.dtype)
-    y = _scan_layer(y, xs["h0"], xs["weights"], compute)
-    return {"y": y}, y
+    return outputs
 
 
 def _gru_step(carry: Carry, gates_x: torch.Tensor) -> tuple[Carry, torch.Tensor]:

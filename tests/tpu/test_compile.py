@@ -135,7 +135,7 @@ def test_a_graph_within_hbm_but_short_of_the_headroom_is_tight_not_fits():
     assert "TIGHT: 1 of 2 graphs leave less than 5% of HBM free" in text
 
 
-@pytest.mark.parametrize("backend", ["xla", "openxla"])
+@pytest.mark.parametrize("backend", ["xla", pytest.param("openxla", marks=pytest.mark.slow)])  # twin: xla's
 def test_each_chip_of_a_data_parallel_step_does_its_share_of_the_work(backend):
     """Rows split over 4 chips: each chip's FLOPs (the compiler's cost analysis) within 15% of a
     quarter of the one-chip step's. A recurrence-heavy GRU (patches of 1 bin, 256 units, 64 steps),
