@@ -1,0 +1,29 @@
+"""The figure users rent TPUs on: the 687M model's train step at B=64, T=2498 on a v5e-8 with
+`data=2,fsdp=4`, compiled by the TPU compiler, may not grow past docs/tpu.md's figure by more
+than 5% without someone noticing (it grew by 2.1 GiB per chip unannounced once)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_guarded_figure_is_stated_once_in_the_tpu_doc():
+    sys.path.insert(0, str(REPO))
+    from tools.tpu_figures import GUARD_DOC, guarded_figure
+
+    assert 4 < guarded_figure() < 16, "a per-chip figure in GiB of a 16 GiB chip"
+    assert GUARD_DOC.read_text().count("Guarded figure") == 1
+
+
+@pytest.mark.slow  # minutes of the TPU compiler and ~6 GiB of host memory; twin: the test above
+def test_the_687m_step_stays_within_5_percent_of_its_documented_memory():
+    out = subprocess.run([sys.executable, str(REPO / "tools/tpu_figures.py"), "guard"], cwd=REPO,
+                         capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-2000:]
+    assert "guarded step:" in out.stdout and ": ok" in out.stdout
