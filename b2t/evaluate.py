@@ -130,6 +130,19 @@ def _decode_in_worker(item: Any) -> str | list[Hypothesis]:
     return _worker_decode(item)
 
 
+def _stop_pool(pool: multiprocessing.pool.Pool, *, failed: bool) -> None:
+    """The workers ignore SIGTERM (b2t.signals), which `Pool.terminate` sends to stop them, so a
+    terminate could wait on them forever: a finished pool is closed and joined (each worker
+    takes its end-of-work sentinel); one an error or a stop leaves is killed first."""
+    if failed:
+        for worker in multiprocessing.active_children():
+            worker.kill()
+        pool.terminate()
+    else:
+        pool.close()
+        pool.join()
+
+
 def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers: int = 1,
                  progress: bool = True) -> list[TrialResult]:
     """`results` with `decoded_words` (and, from the beam, `nbest`) filled in, same order;
@@ -145,7 +158,8 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
         if workers <= 1:
             decoded = map(recipe.decode_fn(), items)
         else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,)))
+            pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,))
+            stack.push(lambda kind, *_: _stop_pool(pool, failed=kind is not None))
             decoded = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
         bar = progress_bar(decoded, total=len(items), unit="trial", desc="decoding words", disable=not progress)
         # the bar leads the zip: its last step is counted before the zip stops
