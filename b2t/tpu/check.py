@@ -62,11 +62,13 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
         steps = [traced(cfg, n_days, backend, kind, shape, dump, report) for shape in buckets for kind in ("train", "eval")]
         report("\n".join(_table_head(target, cfg, devices)))
 
-        def done(i: int, compiled: list[Compiled]) -> None:  # each step's rows as soon as it is compiled
-            report("\n".join(_rows(checked(cfg, n_days, target, steps[i], compiled), target)))
+        results: list[Checked] = [None] * len(steps)  # filled as the steps compile
 
-        compiled, memory, wall = compile_all(target, steps, jobs, report, done)
-        results = [checked(cfg, n_days, target, parts, c) for parts, c in zip(steps, compiled)]
+        def done(i: int, compiled: list[Compiled]) -> None:  # each step's rows as soon as it is compiled
+            results[i] = checked(cfg, n_days, target, steps[i], compiled)
+            report("\n".join(_rows(results[i], target)))
+
+        _, memory, wall = compile_all(target, steps, jobs, report, done)
         text = format_report(target, cfg, devices, results) + "\n" + format_side_by_side(results, memory, wall, jobs)
         if fit:
             longest = max(buckets, key=lambda b: b.T)
