@@ -103,14 +103,18 @@ def load_eval(directory: Path, runs: list[tuple[Path, RunCurves]]) -> None:
         raise UserError(f"{path} not found: --eval takes a b2t-eval --out directory") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not a b2t-eval summary ({e})") from None
-    checkpoint = summary.get("checkpoint") if isinstance(summary, dict) else None
-    if not isinstance(checkpoint, str):
-        raise UserError(f"{path}: not a b2t-eval summary (no checkpoint named)")
+    checkpoints = summary.get("checkpoints") if isinstance(summary, dict) else None
+    if not (isinstance(checkpoints, list) and checkpoints and all(isinstance(c, str) for c in checkpoints)):
+        raise UserError(f"{path}: not a b2t-eval summary (no checkpoints named)")
+    folders = {Path(c).resolve().parent for c in checkpoints}
+    if len(folders) > 1:
+        raise UserError(f"{path} evaluated an ensemble of checkpoints from {len(folders)} run folders: "
+                        "--eval draws one run's evaluation (evaluate its own checkpoint)")
     for run_dir, run in runs:
-        if Path(checkpoint).resolve().parent == run_dir.resolve():
+        if folders == {run_dir.resolve()}:
             run.evals.append({**summary, "from": str(directory)})
             return
-    raise UserError(f"{path} evaluated {checkpoint}, a checkpoint of none of the runs given "
+    raise UserError(f"{path} evaluated {', '.join(checkpoints)}, a checkpoint of none of the runs given "
                     f"({', '.join(str(r) for r, _ in runs)})")
 
 

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from b2t.data.manifest import Manifest
 from b2t.eval_cli import eval_main
+from b2t.report import main as report_main
 from b2t.text import normalize_text
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ def test_val_end_to_end_per_table_and_trial_lines(trained_run: TrainedRun, tmp_p
     assert [(t["session"], t["block"], t["trial"]) for t in trials] == hdf5_order(trained_run.hdf5, "val")
     assert sum(t["phoneme_edits"] for t in trials) == summary["per_session"]["all"]["edits"]
     assert all(t["reference_phonemes"] and t["reference_words"] and t["decoded_words"] is None for t in trials)
+    report = CliRunner().invoke(report_main, [str(trained_run.checkpoint.parent), "--eval", str(tmp_path),
+                                              "-o", str(tmp_path / "report.png")])  # as `make demo` draws it
+    assert report.exit_code == 0, report.output
 
 
 def test_test_split_submission_has_one_row_per_trial_in_competition_order(trained_run: TrainedRun, tmp_path):

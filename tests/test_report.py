@@ -136,7 +136,7 @@ def test_an_eval_summary_adds_its_per_and_wer_per_session(tmp_path):
     (tmp_path / "ev").mkdir()
     groups = {f"t15.2023.08.0{i}": {"rate": 0.1 * i} for i in (1, 2, 3)}
     (tmp_path / "ev" / "summary.json").write_text(json.dumps({
-        "checkpoint": str(run / "best.safetensors"), "split": "val", "per_session": {"groups": groups},
+        "checkpoints": [str(run / "best.safetensors")], "split": "val", "per_session": {"groups": groups},
         "wer_session": {"groups": groups}}))
     result = CliRunner().invoke(main, [str(run), "--eval", str(tmp_path / "ev")])
     assert result.exit_code == 0, result.output
@@ -147,9 +147,13 @@ def test_an_eval_summary_adds_its_per_and_wer_per_session(tmp_path):
                                                                       "b2t-eval val WER"]
     assert len(bars.patches) == 9
     (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "summary.json").write_text(json.dumps({"checkpoint": "/elsewhere/best.safetensors"}))
+    (tmp_path / "other" / "summary.json").write_text(json.dumps({"checkpoints": ["/elsewhere/best.safetensors"]}))
     result = CliRunner().invoke(main, [str(run), "--eval", str(tmp_path / "other")])
     assert result.exit_code == 2 and "a checkpoint of none of the runs given" in result.output
+    (tmp_path / "other" / "summary.json").write_text(json.dumps({"checkpoints": [str(run / "best.safetensors"),
+                                                                                 "/elsewhere/best.safetensors"]}))
+    result = CliRunner().invoke(main, [str(run), "--eval", str(tmp_path / "other")])
+    assert result.exit_code == 2 and "an ensemble of checkpoints from 2 run folders" in result.output
 
 
 def test_report_errors_are_one_line(tmp_path):
