@@ -239,9 +239,13 @@ def data_handles(tensors: list[torch.Tensor]) -> list[int]:
     """torch_xla's handle of each tensor's device data (placeholders too): what a graph's input
     node keeps after the tensor is updated in place. Not the tensor's id: on a mesh a graph's
     input node may hold the data under no tensor id at all (-1), the handle it always has. A
-    pending tensor that only annotates one tensor's data (a sharding) gives that data's handle."""
+    pending tensor that only annotates one tensor's data (a sharding) gives that data's handle.
+    Computations still running are waited for first: until its buffer arrives, the data of an
+    asynchronous result is named by another handle than afterwards."""
     import torch_xla
+    import torch_xla.core.xla_model as xm
 
+    xm.wait_device_ops()
     handles = []
     for t in tensors:
         if has_pending_graph(t):  # an annotated placeholder (fsdp's sharding on the trace): the data under it

@@ -138,6 +138,24 @@ def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_handle
     assert torch.equal(w.cpu(), torch.arange(6.0).reshape(2, 3) * 1.5)  # still computable after
 
 
+def test_an_asynchronous_results_data_handle_is_the_one_it_keeps():
+    """A sync returns before its graph has run; the result's handle must not change when the
+    buffer arrives (CI failed the test above when the `+ 0` graph was still running)."""
+    import torch_xla.core.xla_model as xm
+
+    a = torch.randn(600, 600).to(DEVICE)
+    torch_xla.sync()
+    xm.wait_device_ops()
+    for _ in range(3):
+        w = a
+        for _ in range(8):
+            w = w @ a  # long enough to be running still when the handle is read
+        torch_xla.sync()
+        early = data_handles([w])
+        xm.wait_device_ops()
+        assert data_handles([w]) == early
+
+
 def test_a_donated_buffer_joins_the_step_barriers_own_donors_and_is_consumed():
     """`donate_buffer` (b2t.train.backend.Backend.donate): at a sync the offered buffer is a donor
     beside the one torch_xla finds itself (an in-place update), so both are aliased, and the
