@@ -2,8 +2,10 @@
 
 One uninterrupted run gives the reference `weights_sha256` (from its summary record in
 metrics.jsonl). Then, per try, a fresh run directory: the command is started and stopped
-with the signal after a random delay (drawn over the first 80% of the reference's wall time,
-so signals land in start-up, warm-up, steps, checkpoint writes and validation) one or two times, then
+with the signal at a random moment one or two times (`stop_moment`: a fifth of them during the
+process's start-up, before the run's first record; the rest after that record, over 90% of the
+reference's run time, so they land in the warm-up, steps, checkpoint writes and validation,
+however long the imports take on a loaded machine), then
 rerun with `--resume` until it finishes; a try passes when its final weights hash equals
 the reference. The command is the same every time (`--resume` also starts from scratch
 when the stop came before the first checkpoint). Tiny config on the CPU: the eager backend,
@@ -60,12 +62,42 @@ def command(shards: Path, run: Path, resume: bool, backend: str) -> list[str]:
             *device, "--no-progress", *sets, *(["--resume"] if resume else [])]
 
 
-def final_digest(run: Path) -> str | None:
+def records(run: Path) -> list[dict]:
+    """metrics.jsonl's complete records (a line being written is left out)."""
     path = run / "metrics.jsonl"
     if not path.exists():
-        return None
-    summaries = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "summary"]
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def final_digest(run: Path) -> str | None:
+    summaries = [r for r in records(run) if r.get("kind") == "summary"]
     return summaries[-1]["weights_sha256"] if summaries else None
+
+
+def layouts(run: Path) -> int:
+    """How many runs have started in `run` (each writes a layout record first)."""
+    return sum(r.get("kind") == "layout" for r in records(run))
+
+
+def stop_moment(rng: random.Random, startup: float, run_time: float) -> tuple[bool, float]:
+    """(after the run's first record?, delay): a fifth of the stops in the start-up (imports,
+    config, data checks), the rest over the run itself, from its first record."""
+    if rng.random() < 0.2:
+        return False, rng.uniform(0.0, startup)
+    return True, rng.uniform(0.0, 0.9 * run_time)
+
+
+def wait_for_start(proc: subprocess.Popen, run: Path, before: int) -> None:
+    """Until the run's first record is written (or the process has ended)."""
+    while proc.poll() is None and layouts(run) <= before:
+        time.sleep(0.05)
 
 
 STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); `--resume` continues from \1")
@@ -88,6 +120,10 @@ def preempted(proc: subprocess.Popen, run: Path) -> str:
     if m is None or kept != int(m.group(1)):
         raise SystemExit(f"the stop line is {last!r}, last.safetensors holds step {kept}")
     return f"kept step {kept}"
+
+
+def when(started: bool, delay: float) -> str:
+    return f"{delay:.1f}s {'into the run' if started else 'after launch'}"
 
 
 def run_to_end(cmd: list[str]) -> None:
@@ -113,26 +149,32 @@ def main(tries: int, seed: int, backend: str, how: str) -> None:
         run_to_end(command(shards, work / "reference", resume=False, backend=backend))
         wall = time.perf_counter() - t0
         reference = final_digest(work / "reference")
-        click.echo(f"{backend}: reference {wall:.1f} s uninterrupted, weights_sha256 {reference[:16]}...")
+        run_time = records(work / "reference")[-1]["elapsed_s"]
+        startup = max(wall - run_time, 0.0)
+        click.echo(f"{backend}: reference {wall:.1f} s uninterrupted ({startup:.1f} s start-up, {run_time:.1f} s run), "
+                   f"weights_sha256 {reference[:16]}...")
         same, killed = 0, 0
         for i in range(tries):
             run = work / f"try{i}"
             kills = []
             for _ in range(rng.choice((1, 2))):
-                delay = rng.uniform(0.0, 0.8 * wall)
+                started, delay = stop_moment(rng, startup, run_time)
+                before = layouts(run)
                 proc = subprocess.Popen(command(shards, run, resume=run.exists(), backend=backend),
                                         stdout=subprocess.DEVNULL, text=True,
                                         stderr=subprocess.PIPE if how == "term" else subprocess.DEVNULL)
+                if started:
+                    wait_for_start(proc, run, before)
                 try:
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
                     if how == "term":
-                        kills.append(f"{delay:.1f}s ({preempted(proc, run)})")
+                        kills.append(f"{when(started, delay)} ({preempted(proc, run)})")
                         continue
                     proc.kill()  # SIGKILL
                     proc.wait()
                     had = sorted(p.name for p in run.glob("*.safetensors")) if run.exists() else []
-                    kills.append(f"{delay:.1f}s ({', '.join(had) or 'no checkpoint'})")
+                    kills.append(f"{when(started, delay)} ({', '.join(had) or 'no checkpoint'})")
             run_to_end(command(shards, run, resume=True, backend=backend))
             digest = final_digest(run)
             same += digest == reference
