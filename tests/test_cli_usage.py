@@ -11,32 +11,35 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from b2t import launch
 from b2t.atomic import is_temp_name
 from b2t.words.cli import main as lm_main
 from preprocess.cli import main as preprocess_main
 
-COMMANDS = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.value.split(".")[0] in ("b2t", "preprocess")}
+SCRIPTS = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.value.split(".")[0] in ("b2t", "preprocess")}
+COMMANDS = {name: launch.command(name) for name in SCRIPTS}
 
 
 def invocations() -> list[tuple[str, list[str]]]:
     """Each command line (group subcommands included) with a bad option, and with no argument."""
     cases = []
     for name in sorted(COMMANDS):
-        command = COMMANDS[name].load()
+        command = COMMANDS[name]
         subs = [[]] + ([[s] for s in command.commands] if isinstance(command, click.Group) else [])
         for sub in subs:
             cases += [(name, [*sub, "--no-such-option"]), (name, sub)]
     return cases
 
 
-def test_every_installed_command_is_checked():
+def test_every_installed_command_is_checked_and_starts_under_the_stop_policy():
     assert {"b2t-synth", "b2t-preprocess", "b2t-train", "b2t-lm", "b2t-eval", "b2t-import-baseline",
-            "b2t-report"} <= set(COMMANDS)
+            "b2t-report"} <= set(SCRIPTS) == set(launch.SCRIPTS)
+    assert all(ep.value.startswith("b2t.launch:") for ep in SCRIPTS.values()), "each script enters through b2t.launch"
 
 
 @pytest.mark.parametrize(("name", "args"), invocations(), ids=lambda v: v if isinstance(v, str) else " ".join(v) or "-")
 def test_usage_errors_exit_2(name, args):
-    result = CliRunner().invoke(COMMANDS[name].load(), args)
+    result = CliRunner().invoke(COMMANDS[name], args)
     assert result.exit_code == 2, (name, args, result.output)
     assert "Traceback" not in result.output
 
@@ -45,7 +48,7 @@ def help_invocations() -> list[tuple[str, list[str]]]:
     """Each command line (group subcommands included) with -h."""
     cases = []
     for name in sorted(COMMANDS):
-        command = COMMANDS[name].load()
+        command = COMMANDS[name]
         subs = [[]] + ([[s] for s in command.commands] if isinstance(command, click.Group) else [])
         cases += [(name, [*sub, "-h"]) for sub in subs]
     return cases
@@ -53,7 +56,7 @@ def help_invocations() -> list[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize(("name", "args"), help_invocations(), ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_every_command_takes_dash_h(name, args):
-    result = CliRunner().invoke(COMMANDS[name].load(), args)
+    result = CliRunner().invoke(COMMANDS[name], args)
     assert result.exit_code == 0 and "Usage:" in result.output, (name, args, result.output)
 
 

@@ -91,7 +91,7 @@ def test_05_sigint_during_the_warm_up_stops_at_once_with_one_line(tiny_dataset, 
     """Ctrl-C during the warm-up's compiles was swallowed by a gc callback (the run then trained to
     exit 0) or ended in torch's 114-line UnboundLocalError traceback."""
     run = tmp_path / "run"
-    command = [sys.executable, "-c", "from b2t.cli import train_main; train_main()", str(tiny_dataset[1]), str(run),
+    command = [sys.executable, "-c", "from b2t.launch import train; train()", str(tiny_dataset[1]), str(run),
                "--config", str(TINY_CONFIG), "--backend", "xla", "--no-progress", "--set", "train.steps=2"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -108,6 +108,31 @@ def test_05_sigint_during_the_warm_up_stops_at_once_with_one_line(tiny_dataset, 
     assert not (run / "last.safetensors").exists()
     cfg = load_config(TINY_CONFIG, ["train.steps=2"])
     assert resume_or_start(run, cfg, resume=False) is False, "nothing was trained: the same command starts again"
+
+
+START_UP_SCRIPT = textwrap.dedent("""
+    import importlib, os, signal
+    import_module = importlib.import_module
+
+    def preempted(name, *args):  # the signal lands while the command's modules import
+        os.kill(os.getpid(), signal.SIGTERM)
+        return import_module(name, *args)
+
+    importlib.import_module = preempted
+    from b2t import launch
+    launch.train()
+""")
+
+
+def test_a_signal_during_the_start_up_imports_is_a_stop_with_one_line(tmp_path):
+    """Seconds of imports come before the command's own policy; a SIGTERM there ended the
+    process with Python's default (exit -15, no line). The console scripts enter through
+    b2t.launch, whose policy is in place before those imports."""
+    proc = subprocess.run([sys.executable, "-c", START_UP_SCRIPT, str(tmp_path / "ds"), str(tmp_path / "run")],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM; nothing partial is left"), proc.stderr
+    assert not (tmp_path / "run").exists()
 
 
 POLICY_SCRIPT = textwrap.dedent("""

@@ -39,7 +39,7 @@ import click
 from b2t.config import TINY_CONFIG
 from b2t.train.checkpoint import read_state
 
-TRAIN = "from b2t.cli import train_main; train_main()"
+TRAIN = "from b2t.launch import train; train()"  # as the b2t-train script starts
 SETS = ("train.steps=40", "train.checkpoint_every=7", "train.log_every=5", "train.val_every=20",
         "optim.warmup_steps=5", "optim.decay_steps=40")
 

@@ -1,0 +1,65 @@
+"""Where every console script starts: the stop policy first, then the command's imports.
+
+Importing torch, torch_xla and the rest takes seconds, most of a short command's start-up, and
+Python's own SIGTERM handler ended a command stopped there with no line (exit -15). Each script
+of pyproject.toml enters through one of these functions, which installs `b2t.signals`' policy
+(a stop at once, one line, exit 128 + the signal) before importing the command's module; the
+command's own `installed` block then keeps this policy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from b2t import signals
+
+SCRIPTS = {
+    "b2t-synth": "preprocess.synth:main",
+    "b2t-preprocess": "preprocess.cli:main",
+    "b2t-train": "b2t.cli:train_main",
+    "b2t-lm": "b2t.words.cli:main",
+    "b2t-eval": "b2t.eval_cli:eval_main",
+    "b2t-import-baseline": "b2t.eval_cli:import_main",
+    "b2t-report": "b2t.report:main",
+}
+"""Each console script's click command, as `module:attribute`."""
+
+
+def command(name: str) -> Callable[[], object]:
+    """The click command of the console script `name` (its module imported now)."""
+    module, attribute = SCRIPTS[name].split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _launch(name: str) -> None:
+    with signals.installed(name):
+        command(name)()
+
+
+def synth() -> None:
+    _launch("b2t-synth")
+
+
+def preprocess() -> None:
+    _launch("b2t-preprocess")
+
+
+def train() -> None:
+    _launch("b2t-train")
+
+
+def lm() -> None:
+    _launch("b2t-lm")
+
+
+def evaluate() -> None:
+    _launch("b2t-eval")
+
+
+def import_baseline() -> None:
+    _launch("b2t-import-baseline")
+
+
+def report() -> None:
+    _launch("b2t-report")
