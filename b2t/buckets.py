@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from b2t.contract import BucketShape
+from b2t.errors import DatasetError, UsageError
 
 
 def patch_count(n_bins: int, size: int, stride: int) -> int:
@@ -45,9 +46,9 @@ def choose_bucket_lengths(lengths: Sequence[int], k: int, size: int, stride: int
     Returns strictly increasing lengths; fewer than k when there are fewer distinct ones.
     """
     if k < 1:
-        raise ValueError(f"need at least one bucket, got k={k}")
+        raise UsageError(f"need at least one bucket, got k={k}")
     if len(lengths) == 0:
-        raise ValueError("cannot choose buckets for an empty set of lengths")
+        raise UsageError("cannot choose buckets for an empty set of lengths")
     aligned = np.array([align_length(int(n), size, stride) for n in lengths], dtype=np.int64)
     values, counts = np.unique(aligned, return_counts=True)
     m = len(values)
@@ -87,7 +88,7 @@ def bucket_index(n_bins: int, bucket_lengths: Sequence[int]) -> int:
     for i, T in enumerate(bucket_lengths):
         if n_bins <= T:
             return i
-    raise ValueError(f"a trial of {n_bins} bins is longer than the largest bucket {bucket_lengths[-1]}")
+    raise DatasetError(f"a trial of {n_bins} bins is longer than the largest bucket {bucket_lengths[-1]}")
 
 
 def batch_rows(T: int, batch_size: int, token_budget: int | None, row_multiple: int) -> int:
@@ -100,7 +101,7 @@ def batch_rows(T: int, batch_size: int, token_budget: int | None, row_multiple: 
     rows = batch_size if token_budget is None else min(batch_size, token_budget // T)
     rows -= rows % row_multiple
     if rows < row_multiple:
-        raise ValueError(
+        raise UsageError(
             f"token_budget={token_budget} holds {token_budget // T if token_budget else 0} rows "
             f"of a T={T} bucket, fewer than row_multiple={row_multiple}: raise the budget"
         )

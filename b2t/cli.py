@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
 from b2t.cli_errors import Command
-from b2t.config import BACKENDS, XLA_BACKENDS, Config, ConfigError, load_config
+from b2t.config import BACKENDS, XLA_BACKENDS, Config, load_config
+from b2t.errors import UsageError
 from b2t.paths import Place, RegularFile, refuse_clashes
 
 config_option = click.option(
@@ -19,11 +19,6 @@ set_option = click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
     help="Override one config value, e.g. --set train.steps=500 (repeatable).",
 )
-
-
-def fail(message: str) -> None:
-    click.secho(f"error: {message}", fg="red", err=True)
-    sys.exit(2)
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,40 +88,37 @@ def train_main(dataset: Path | None, run_dir: Path | None, config_path: Path | N
     (losses, PER per session, XLA compilations and host fallbacks) and tensorboard/ (the
     same as TensorBoard events); `b2t-report RUN_DIR` plots them into a PNG.
     """
-    from b2t.train.loop import RunOptions, TrainingError, train
+    from b2t.train.loop import RunOptions, train
     from b2t.train.mesh import parse_devices
 
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")
-    try:
-        mesh_cfg = parse_devices(devices, mesh)
-        if mesh_cfg is not None:
-            overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
-        cfg = load_config(config_path, overrides)
-        if plan and target is not None:
-            click.echo(_tpu_check_text(dataset, cfg, target, fit, jobs))
-            return
-        if target is not None or fit or jobs is not None:
-            raise ValueError("--target, --fit and --jobs are --plan options: b2t-train --plan --target v5e-8 ...")
-        if plan:
-            click.echo(_plan_text(dataset, cfg, device_memory))
-            return
-        if device_memory is not None:
-            raise ValueError("--device-memory is a --plan option")
-        if dataset is None:
-            raise ValueError("DATASET is required (a b2t-preprocess output; only --plan runs without one)")
-        if run_dir is None:
-            raise ValueError("RUN_DIR is required (only --plan runs without one)")
-        refuse_clashes([Place("RUN_DIR", run_dir, tree=True)], [Place("DATASET", dataset, tree=True)])
-        if compile_cache is not None:
-            from b2t.train.devices import use_compile_cache
+    mesh_cfg = parse_devices(devices, mesh)
+    if mesh_cfg is not None:
+        overrides = (*overrides, f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}")
+    cfg = load_config(config_path, overrides)
+    if plan and target is not None:
+        click.echo(_tpu_check_text(dataset, cfg, target, fit, jobs))
+        return
+    if target is not None or fit or jobs is not None:
+        raise UsageError("--target, --fit and --jobs are --plan options: b2t-train --plan --target v5e-8 ...")
+    if plan:
+        click.echo(_plan_text(dataset, cfg, device_memory))
+        return
+    if device_memory is not None:
+        raise UsageError("--device-memory is a --plan option")
+    if dataset is None:
+        raise UsageError("DATASET is required (a b2t-preprocess output; only --plan runs without one)")
+    if run_dir is None:
+        raise UsageError("RUN_DIR is required (only --plan runs without one)")
+    refuse_clashes([Place("RUN_DIR", run_dir, tree=True)], [Place("DATASET", dataset, tree=True)])
+    if compile_cache is not None:
+        from b2t.train.devices import use_compile_cache
 
-            use_compile_cache(compile_cache)
-        summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
-                                                           progress=not no_progress, device=device,
-                                                           init_from=init_from, verify_data=verify_data))
-    except (ConfigError, TrainingError, FileNotFoundError, ValueError) as e:
-        fail(str(e))
+        use_compile_cache(compile_cache)
+    summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
+                                                       progress=not no_progress, device=device,
+                                                       init_from=init_from, verify_data=verify_data))
     if summary["rank"] == 0:
         from b2t.train.summary import format_summary
 
@@ -151,19 +143,14 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
 
 def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, jobs: int | None) -> str:
     """`--plan --target`: the TPU compiler's report on DATASET's buckets (else the competition data's)."""
-    from b2t.tpu.capture import CaptureError
     from b2t.tpu.check import run_check
-    from b2t.tpu.compiler import CompilerMissing
     from b2t.tpu.side_by_side import default_jobs
     from b2t.tpu.targets import parse_target
 
     chosen = parse_target(target)
     buckets, n_days, source = _plan_data(dataset)
-    try:
-        text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit,
-                         jobs=jobs or default_jobs())
-    except (CompilerMissing, CaptureError) as e:
-        raise ValueError(str(e)) from None
+    text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit,
+                     jobs=jobs or default_jobs())
     return f"checking for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + text
 
 

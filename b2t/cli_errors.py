@@ -1,24 +1,30 @@
-"""One rule for every b2t command line: an OS error ends in one line and exit code 2.
+"""One rule for every b2t command line: an expected failure is one line and exit code 2; a bug says so.
 
-A path under a regular file, a full disk or a missing permission is the user's to fix,
-not a bug, so no command shows a traceback for it: each b2t command is a `Command` (or a
-`Group`, whose subcommands it covers too), which turns an `OSError` into the path, the
-reason and what to do; so is a folder another b2t process holds (`b2t.run_lock`). The
-same classes install the one SIGTERM/SIGINT policy (`b2t.signals`) for the whole of a
+Each b2t command is a `Command` (or a `Group`, whose subcommands it covers too), which catches:
+- a `B2tError` (`b2t.errors`: bad input, options that do not go together, a folder another
+  b2t process holds ...): `error: <its message>`, exit 2;
+- an `OSError` (a path under a regular file, a full disk, a missing permission): the path,
+  the reason and what to do, exit 2;
+- anything else: a bug in b2t, never shown as the user's mistake: one line that names the
+  exception and asks for a report, exit 70, or the traceback with `B2T_DEBUG=1`.
+The same classes install the one SIGTERM/SIGINT policy (`b2t.signals`) for the whole of a
 command's run.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from typing import Any
 
 import click
 
 from b2t import signals
-from b2t.run_lock import LockedError
+from b2t.errors import B2tError
 
 EXIT_CODE = 2
+INTERNAL_EXIT_CODE = 70  # sysexits' EX_SOFTWARE
+DEBUG_ENV = "B2T_DEBUG"
 
 _HINTS = {
     errno.ENOTDIR: "a part of that path is a regular file, not a directory: choose another path",
@@ -33,9 +39,18 @@ _HINTS = {
 
 
 class UserError(click.ClickException):
-    """Bad input or an unusable path: one line, exit code 2."""
+    """Bad input or an unusable path: `error: ...`, exit code 2."""
 
     exit_code = EXIT_CODE
+
+    def show(self, file: Any = None) -> None:
+        click.secho(f"error: {self.format_message()}", fg="red", err=True)
+
+
+def internal_error_line(e: BaseException) -> str:
+    """What a bug in b2t says instead of a traceback."""
+    return (f"internal error: {type(e).__name__}: {e}\n(a bug in b2t, not in your input: please report it with "
+            f"this command line; {DEBUG_ENV}=1 shows the traceback)")
 
 
 def os_error_line(e: OSError) -> str:
@@ -54,19 +69,25 @@ class _CommandLineRule:
         except signals.Stopped as e:  # stopped by a signal after keeping its work
             click.secho(e.line, fg="yellow", err=True)
             ctx.exit(e.exit_code)
-        except LockedError as e:  # another b2t process writes (or reads) the folder
+        except B2tError as e:
             raise UserError(str(e)) from None
         except OSError as e:
             if e.errno == errno.EPIPE:  # click itself handles a closed stdout
                 raise
             raise UserError(os_error_line(e)) from None
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as e:
+            if os.environ.get(DEBUG_ENV):
+                raise
+            click.secho(internal_error_line(e), fg="red", err=True)
+            ctx.exit(INTERNAL_EXIT_CODE)
 
 
 class Command(_CommandLineRule, click.Command):
-    """A click command whose OS errors end as one line and exit code 2, and whose run stops on
-    SIGTERM/SIGINT as `b2t.signals` says."""
+    """A click command under the rule above, whose run stops on SIGTERM/SIGINT as `b2t.signals` says."""
 
 
 class Group(_CommandLineRule, click.Group):
-    """A click group whose (and whose subcommands') OS errors end as one line and exit code 2,
-    and whose runs stop on SIGTERM/SIGINT as `b2t.signals` says."""
+    """A click group whose subcommands run under the rule above, stopping on SIGTERM/SIGINT as
+    `b2t.signals` says."""

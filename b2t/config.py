@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from b2t.errors import B2tError
+
 BACKENDS = ("openxla", "xla", "inductor", "eager")
 """How the step is compiled (`b2t.train.backend`): torch.compile on XLA, lazy whole-step XLA
 tracing, torch.compile with inductor (CUDA or CPU), or plain PyTorch."""
@@ -37,7 +39,7 @@ XLA_BACKENDS = ("openxla", "xla")
 """The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(B2tError, ValueError):
     """A config value or key that cannot be used; the message says how to fix it."""
 
 

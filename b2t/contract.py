@@ -21,6 +21,8 @@ from typing import Any, TypedDict
 
 import torch
 
+from b2t.errors import DatasetError
+
 FEATURE_DIM = 512
 """256 electrodes x (threshold crossings, spike-band power), 20 ms bins."""
 
@@ -91,15 +93,15 @@ def check_batch(batch: Mapping[str, torch.Tensor], shape: BucketShape) -> None:
     missing = sorted(set(FIELDS) - set(batch))
     extra = sorted(set(batch) - set(FIELDS))
     if missing or extra:
-        raise ValueError(f"batch fields differ from the contract: missing {missing}, extra {extra}")
+        raise DatasetError(f"batch fields differ from the contract: missing {missing}, extra {extra}")
     for name, field in FIELDS.items():
         t = batch[name]
         want = shape.field_shape(name)
         if tuple(t.shape) != want or t.dtype != field.dtype:
-            raise ValueError(
-                f"batch field {name!r} is {t.dtype} {tuple(t.shape)}, "
-                f"the contract for bucket {shape} says {field.dtype} {want}"
-            )
+            raise DatasetError(
+                  f"batch field {name!r} is {t.dtype} {tuple(t.shape)}, "
+                  f"the contract for bucket {shape} says {field.dtype} {want}"
+              )
 
 
 def empty_batch(shape: BucketShape, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -125,12 +127,12 @@ ROW_META_KEYS = frozenset(RowMeta.__annotations__)
 
 
 def check_rows(rows: list[RowMeta | None], valid: torch.Tensor) -> None:
-    """Raise ValueError unless the meta rows match the batch's valid mask and carry `RowMeta`'s keys."""
+    """Raise DatasetError unless the meta rows match the batch's valid mask and carry `RowMeta`'s keys."""
     if [r is not None for r in rows] != valid.tolist():
-        raise ValueError("meta rows disagree with the valid mask")
+        raise DatasetError("meta rows disagree with the valid mask")
     for i, r in enumerate(rows):
         if r is not None and set(r) != ROW_META_KEYS:
-            raise ValueError(f"meta row {i} has keys {sorted(r)}, the contract says {sorted(ROW_META_KEYS)}")
+            raise DatasetError(f"meta row {i} has keys {sorted(r)}, the contract says {sorted(ROW_META_KEYS)}")
 
 
 TRIAL_GROUP = re.compile(r"trial_(\d+)")
@@ -141,7 +143,7 @@ def trial_number(group: str) -> int:
     """The trial's place in its file, from its group name: the one trial order (files and competition ids)."""
     m = TRIAL_GROUP.fullmatch(group)
     if m is None:
-        raise ValueError(f"{group!r} is not a trial group name (trial_NNNN)")
+        raise DatasetError(f"{group!r} is not a trial group name (trial_NNNN)")
     return int(m.group(1))
 
 

@@ -23,10 +23,12 @@ import torch
 
 from b2t.config import config_from_dict
 from b2t.decoding import EvalSummary, TrialResult, summarize
+from b2t.errors import UsageError
 from b2t.evaluate import CompileCount, Evaluator
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.ctc import ctc_loss
 from b2t.train.checkpoint import read_state
+from b2t.train.checkpoint_checks import CheckpointError
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def _signature(path: Path) -> tuple[list[str], tuple[int, int]]:
     """A checkpoint's session list and (patch_size, patch_stride), from its header."""
     state = read_state(path)
     if not state.config or not state.sessions:
-        raise ValueError(f"{path} stores no config or session list: it cannot be evaluated on its own")
+        raise CheckpointError(f"{path} stores no config or session list: it cannot be evaluated on its own")
     model = config_from_dict(state.config).model
     return list(state.sessions), (model.patch_size, model.patch_stride)
 
@@ -57,15 +59,15 @@ def check_members(checkpoints: Sequence[Path]) -> None:
     """Refuse checkpoints that cannot be averaged frame by frame, naming the first that differs."""
     paths = list(checkpoints)
     if len(set(map(Path.resolve, paths))) < len(paths):
-        raise ValueError("a checkpoint is listed twice: an ensemble averages different checkpoints")
+        raise UsageError("a checkpoint is listed twice: an ensemble averages different checkpoints")
     sessions, patching = _signature(paths[0])
     for path in paths[1:]:
         other_sessions, other_patching = _signature(path)
         if other_sessions != sessions:
-            raise ValueError(f"{path} was trained on other sessions than {paths[0]} ({len(other_sessions)} against "
+            raise UsageError(f"{path} was trained on other sessions than {paths[0]} ({len(other_sessions)} against "
                              f"{len(sessions)}, or another order): an ensemble needs the same day layers")
         if other_patching != patching:
-            raise ValueError(f"{path} patches with size/stride {other_patching[0]}/{other_patching[1]}, {paths[0]} "
+            raise UsageError(f"{path} patches with size/stride {other_patching[0]}/{other_patching[1]}, {paths[0]} "
                              f"with {patching[0]}/{patching[1]}: an ensemble averages frames, which need the "
                              "same patching")
 

@@ -18,12 +18,13 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from b2t.cli import config_option, fail, set_option
+from b2t.cli import config_option, set_option
 from b2t.cli_errors import Command
-from b2t.config import BACKENDS, XLA_BACKENDS, ConfigError, load_config
+from b2t.config import BACKENDS, XLA_BACKENDS, load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS, Manifest
 from b2t.decoding import TrialResult, summarize
 from b2t.ensemble import Member, evaluate_checkpoints
+from b2t.errors import InputFileError, UsageError
 from b2t.eval_output import (
     DECODED_NAME,
     SUMMARY_NAME,
@@ -39,7 +40,6 @@ from b2t.paths import Place, RegularFile, refuse_clashes
 from b2t.run_lock import reading_dataset
 from b2t.train.devices import use_compile_cache
 from b2t.words.beam import BeamOptions, load_lm
-from b2t.words.lexicon import LexiconError
 from b2t.words.nbest import Weights
 from b2t.words.ngram import check_arpa, is_kenlm_binary
 from b2t.words.tune import TuneResult, WeightsFile, load_weights, save_weights
@@ -129,21 +129,18 @@ def _plan_from_file(ctx: click.Context, p: dict[str, Any]) -> WordPlan:
     clash = _given(ctx, *SEARCH_OPTIONS, "nbest", "neural_weight")
     if clash:
         raise click.UsageError(f"--weights {path} sets the search and the weights: drop {', '.join(clash)}")
-    try:
-        wf = load_weights(path)
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
+    wf = load_weights(path)
     try:
         options = BeamOptions(**{k: wf.search[k] for k in SEARCH_OPTIONS})
-    except (KeyError, TypeError, ValueError) as e:
-        fail(f"{path}: its search settings are not ones b2t-eval uses ({e!r})")
+    except (KeyError, TypeError, UsageError) as e:
+        raise InputFileError(f"{path}: its search settings are not ones b2t-eval uses ({e!r})") from None
     for flag, used, given in (("--lm", wf.lm, p["lm"]), ("--rescore", wf.rescore, p["rescore"])):
         if used is not None and given is None:
             raise click.UsageError(f"{path} was tuned with {flag} {used}: pass {flag} (the same model)")
         if used is None and given is not None:
             raise click.UsageError(f"{path} was tuned without {flag}: drop {flag}, or tune again with it")
     if wf.nbest > options.beam_size:
-        fail(f"{path}: nbest {wf.nbest} is more than its beam_size {options.beam_size}")
+        raise InputFileError(f"{path}: nbest {wf.nbest} is more than its beam_size {options.beam_size}")
     recipe = WordRecipe(lexicon=p["lexicon"], lm=p["lm"], options=options, nbest=wf.nbest)
     return WordPlan(recipe=recipe, weights=wf.weights, rescore=p["rescore"], weights_file=path)
 
@@ -260,12 +257,9 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
                     *([Place("--rescore", p["rescore"], tree=True)] if p["rescore"] else []),
                     *([Place("--weights", weights)] if weights else [])])
     ctx.with_resource(reading_dataset(dataset))  # no b2t-preprocess rewrites it meanwhile
-    try:
-        check_lm(p["lm"])
-        results, members, tuned, seconds = run_stages(plan, checkpoints, dataset, p)
-        manifest = Manifest.load(dataset)
-    except (ConfigError, LexiconError, FileNotFoundError, ValueError) as e:
-        fail(str(e))
+    check_lm(p["lm"])
+    results, members, tuned, seconds = run_stages(plan, checkpoints, dataset, p)
+    manifest = Manifest.load(dataset)
     split, out = p["split"], p["out"]
     excluded = excluded_trials(manifest, split)
     if excluded:
@@ -361,18 +355,15 @@ def import_main(path: Path, output: Path, sessions_path: Path | None, args_path:
     come from args.yaml beside it (else from --config); each day layer is placed at its
     session's day index in the --sessions-from list.
     """
-    from b2t.import_baseline import ARGS_NAME, BaselineError, find_checkpoint, import_baseline
+    from b2t.import_baseline import ARGS_NAME, find_checkpoint, import_baseline
 
-    try:
-        source = find_checkpoint(path)
-        sessions = Path(sessions_path) / MANIFEST_NAME if sessions_path and Path(sessions_path).is_dir() else sessions_path
-        refuse_clashes([Place("-o", output, kind="a checkpoint")],
-                       [Place("PATH", source), Place("--args", args_path or source.parent / ARGS_NAME),
-                        *([Place("--sessions-from", sessions)] if sessions else [])])
-        base = load_config(config_path, overrides)
-        report = import_baseline(path, output, sessions_path=sessions_path, args_path=args_path, base=base)
-    except (ConfigError, BaselineError, FileNotFoundError, ValueError) as e:
-        fail(str(e))
+    source = find_checkpoint(path)
+    sessions = Path(sessions_path) / MANIFEST_NAME if sessions_path and Path(sessions_path).is_dir() else sessions_path
+    refuse_clashes([Place("-o", output, kind="a checkpoint")],
+                   [Place("PATH", source), Place("--args", args_path or source.parent / ARGS_NAME),
+                    *([Place("--sessions-from", sessions)] if sessions else [])])
+    base = load_config(config_path, overrides)
+    report = import_baseline(path, output, sessions_path=sessions_path, args_path=args_path, base=base)
     per = "not stored" if report.val_per is None else f"{report.val_per:.4f}"
     click.echo(f"loaded {path} with torch.load(weights_only=True); model sizes from {report.config_source}")
     click.echo(f"wrote {report.output}: {report.n_days} day layers (of the baseline's {report.baseline_days}); "

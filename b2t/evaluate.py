@@ -25,6 +25,7 @@ from b2t.contract import trial_number
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import Manifest
 from b2t.decoding import TrialResult, decode_batches
+from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
@@ -32,6 +33,7 @@ from b2t.signals import ignore_stop_signals
 from b2t.text import normalize_text, words_of
 from b2t.train.backend import CompileStats, make_backend
 from b2t.train.checkpoint import load_checkpoint, read_state
+from b2t.train.checkpoint_checks import CheckpointError
 from b2t.train.step import Stepper
 from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
@@ -52,7 +54,7 @@ def trial_order_key(sessions: Sequence[str]) -> Callable[[str, str], tuple[int, 
 
     def key(session: str, group: str) -> tuple[int, int]:
         if session not in day:
-            raise ValueError(f"trial {group} of session {session!r} is not in the session list {list(sessions)}")
+            raise DatasetError(f"trial {group} of session {session!r} is not in the session list {list(sessions)}")
         return day[session], trial_number(group)
 
     return key
@@ -97,9 +99,9 @@ class WordRecipe:
 
     def __post_init__(self) -> None:
         if self.spell and self.lm is not None:
-            raise ValueError("spelling the greedy phonemes uses no language model: drop the LM or the spelling")
+            raise UsageError("spelling the greedy phonemes uses no language model: drop the LM or the spelling")
         if not 1 <= self.nbest <= self.options.beam_size:
-            raise ValueError(f"nbest must be in 1..beam_size={self.options.beam_size}, got {self.nbest}: "
+            raise UsageError(f"nbest must be in 1..beam_size={self.options.beam_size}, got {self.nbest}: "
                              "the search's final beam holds at most beam_size hypotheses")
 
     @property
@@ -170,7 +172,7 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
 def rescore(results: Sequence[TrialResult], scorer: CausalLMScorer, *, progress: bool = True) -> list[TrialResult]:
     """`results` with every n-best hypothesis's `neural` score; each distinct sentence is scored once."""
     if any(r.nbest is None for r in results):
-        raise ValueError("rescoring needs the beam search's n-best lists (spelled words have none)")
+        raise UsageError("rescoring needs the beam search's n-best lists (spelled words have none)")
     sentences = list(dict.fromkeys(h.words for r in results for h in r.nbest or ()))
     scores = dict(zip(sentences, scorer.score(sentences, progress=progress)))
     return [replace(r, nbest=tuple(replace(h, neural=scores[h.words]) for h in r.nbest or ())) for r in results]
@@ -188,7 +190,7 @@ def tune_weights(results: Sequence[TrialResult], searched: Weights, default: Wei
     `searched` the beam's own, `default` those used untuned (default: the beam's)."""
     labelled = [r for r in results if r.reference_words is not None and r.nbest is not None]
     if not labelled:
-        raise ValueError("--tune needs the beam's n-best lists of trials with reference sentences (e.g. --split val)")
+        raise UsageError("--tune needs the beam's n-best lists of trials with reference sentences (e.g. --split val)")
     references = [words_of(r.reference_words or "") for r in labelled]
     edits = [[edit_distance(words_of(h.words), ref) for h in r.nbest or ()] for r, ref in zip(labelled, references)]
     table = NBestTable([r.nbest or () for r in labelled], edits, searched)
@@ -223,11 +225,11 @@ class Evaluator:
         self.path = Path(checkpoint)
         self.state = read_state(self.path)  # the header alone; load_checkpoint below reads the tensors
         if not self.state.config or not self.state.sessions:
-            raise ValueError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
+            raise CheckpointError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
         try:
             self.cfg: Config = config_from_dict(self.state.config)
         except ConfigError as e:
-            raise ValueError(f"{self.path}: its saved config does not fit this b2t: {e}") from None
+            raise CheckpointError(f"{self.path}: its saved config does not fit this b2t: {e}") from None
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
         model = build_model(self.cfg.model, len(self.state.sessions))
         load_checkpoint(self.path, model)
@@ -245,11 +247,11 @@ class Evaluator:
         only_data = sorted(set(theirs) - set(ours))
         detail = (f"only in the checkpoint: {only_ckpt[:5]}, only in the dataset: {only_data[:5]}"
                   if only_ckpt or only_data else "same sessions in a different order")
-        raise ValueError(
-            f"{self.path} was trained on {len(ours)} sessions, the dataset lists {len(theirs)} ({detail}), "
-            "so day indices would select other sessions' day layers: evaluate on data preprocessed from "
-            "the same session folders the checkpoint was trained on"
-        )
+        raise CheckpointError(
+                 f"{self.path} was trained on {len(ours)} sessions, the dataset lists {len(theirs)} ({detail}), "
+                 "so day indices would select other sessions' day layers: evaluate on data preprocessed from "
+                 "the same session folders the checkpoint was trained on"
+             )
 
     def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
         """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the

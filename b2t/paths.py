@@ -26,7 +26,7 @@ from typing import Any
 
 import click
 
-from b2t.cli_errors import UserError
+from b2t.errors import UsageError
 
 WORK_SUFFIXES = {".safetensors": "a checkpoint", ".hdf5": "an HDF5 data file", ".h5": "an HDF5 data file",
                  ".tar": "a shard"}
@@ -95,13 +95,13 @@ def replaced_work(output: Place) -> str | None:
 
 
 def refuse_clashes(outputs: Iterable[Place], inputs: Iterable[Place]) -> None:
-    """UserError naming the first output that is, or lies inside, an input, or that would
+    """UsageError naming the first output that is, or lies inside, an input, or that would
     replace a file holding another kind of work."""
     inputs = list(inputs)
     for output in outputs:
         for why in (*(clash(output, source) for source in inputs), replaced_work(output)):
             if why is not None:
-                raise UserError(why)
+                raise UsageError(why)
 
 
 def file_kind(path: str | os.PathLike) -> str:

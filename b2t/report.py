@@ -21,7 +21,8 @@ from typing import Any
 import click
 
 from b2t.atomic import atomic_write_bytes
-from b2t.cli_errors import Command, UserError
+from b2t.cli_errors import Command
+from b2t.errors import InputFileError, MissingInput, UsageError
 from b2t.paths import Place, refuse_clashes
 from b2t.report_figure import Points, RunCurves, render
 from b2t.train.metrics_log import scan_records, skipped_summary
@@ -84,13 +85,13 @@ def load_curves(run_dir: Path) -> tuple[RunCurves, str | None]:
     path = run_dir / METRICS
     if not path.is_file():
         what = "is not a file" if path.exists() else "not found"
-        raise UserError(f"{path} {what}: RUN must be a b2t-train run directory")
+        raise InputFileError(f"{path} {what}: RUN must be a b2t-train run directory")
     records, skipped = scan_records(path)
     note = skipped_summary(path, skipped) if skipped else None
     run = curves(records, str(run_dir))
     if run.empty:
-        raise UserError(f"{path} holds no well-formed train or val records: nothing to plot"
-                        + (f"; {note}" if note else ""))
+        raise InputFileError(f"{path} holds no well-formed train or val records: nothing to plot"
+                             + (f"; {note}" if note else ""))
     return run, note
 
 
@@ -100,22 +101,22 @@ def load_eval(directory: Path, runs: list[tuple[Path, RunCurves]]) -> None:
     try:
         summary = json.loads(path.read_text())
     except FileNotFoundError:
-        raise UserError(f"{path} not found: --eval takes a b2t-eval --out directory") from None
+        raise MissingInput(f"{path} not found: --eval takes a b2t-eval --out directory") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not a b2t-eval summary ({e})") from None
+        raise InputFileError(f"{path}: not a b2t-eval summary ({e})") from None
     checkpoints = summary.get("checkpoints") if isinstance(summary, dict) else None
     if not (isinstance(checkpoints, list) and checkpoints and all(isinstance(c, str) for c in checkpoints)):
-        raise UserError(f"{path}: not a b2t-eval summary (no checkpoints named)")
+        raise InputFileError(f"{path}: not a b2t-eval summary (no checkpoints named)")
     folders = {Path(c).resolve().parent for c in checkpoints}
     if len(folders) > 1:
-        raise UserError(f"{path} evaluated an ensemble of checkpoints from {len(folders)} run folders: "
-                        "--eval draws one run's evaluation (evaluate its own checkpoint)")
+        raise InputFileError(f"{path} evaluated an ensemble of checkpoints from {len(folders)} run folders: "
+                             "--eval draws one run's evaluation (evaluate its own checkpoint)")
     for run_dir, run in runs:
         if folders == {run_dir.resolve()}:
             run.evals.append({**summary, "from": str(directory)})
             return
-    raise UserError(f"{path} evaluated {', '.join(checkpoints)}, a checkpoint of none of the runs given "
-                    f"({', '.join(str(r) for r, _ in runs)})")
+    raise InputFileError(f"{path} evaluated {', '.join(checkpoints)}, a checkpoint of none of the runs given "
+                         f"({', '.join(str(r) for r, _ in runs)})")
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -132,7 +133,7 @@ def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...
     are overlaid for comparison."""
     if output is None:
         if len(run_dirs) > 1:
-            raise UserError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
+            raise UsageError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
         output = run_dirs[0] / REPORT
     refuse_clashes([Place("-o", output)], [Place("RUN", d / METRICS) for d in run_dirs])
     runs = []

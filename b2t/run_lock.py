@@ -31,11 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from b2t.errors import B2tError
+
 DATASET_LOCK = ".b2t-preprocess.lock"
 RUN_LOCK = ".b2t-train.lock"
 
 
-class LockedError(RuntimeError):
+class LockedError(B2tError):
     """The folder is in use by another process; the message says by whom and what to do."""
 
 

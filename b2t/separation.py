@@ -38,6 +38,7 @@ import torch
 
 from b2t.config import AugmentConfig, config_from_dict
 from b2t.contract import FEATURE_DTYPE
+from b2t.errors import MissingInput, UsageError
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.layers import patches
 from b2t.model.noise_separating import NoiseSeparatingDecoder
@@ -45,6 +46,7 @@ from b2t.model.noise_separating.decoder import CLEAN_HEAD, NOISY_HEAD
 from b2t.model.registry import build_model
 from b2t.train.augment import augment
 from b2t.train.checkpoint import load_checkpoint, read_state
+from b2t.train.checkpoint_checks import CheckpointError
 
 GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t does not import preprocess)
 
@@ -127,10 +129,10 @@ class Checkpointed:
 def load_model(checkpoint: Path) -> Checkpointed:
     state = read_state(checkpoint)
     if not state.config or not state.sessions:
-        raise ValueError(f"{checkpoint} stores no config or session list: it cannot be rebuilt on its own")
+        raise CheckpointError(f"{checkpoint} stores no config or session list: it cannot be rebuilt on its own")
     cfg = config_from_dict(state.config)
     if cfg.model.family != "noise_separating":
-        raise ValueError(f"{checkpoint} is a {cfg.model.family!r} model: only a noise_separating one has an estimate")
+        raise UsageError(f"{checkpoint} is a {cfg.model.family!r} model: only a noise_separating one has an estimate")
     model = build_model(cfg.model, len(state.sessions))
     load_checkpoint(checkpoint, model)
     return Checkpointed(model.eval(), list(state.sessions), cfg.augment)
@@ -180,10 +182,10 @@ def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
     """Per session of the checkpoint found in `data` (a b2t-synth folder written with
     --ground-truth), and "all" pooled: the `Separation` of `split`'s trials."""
     if split not in ("train", "val"):
-        raise ValueError(f"split {split!r} has no reference phonemes: choose train or val")
+        raise UsageError(f"split {split!r} has no reference phonemes: choose train or val")
     truth_path = data / GROUND_TRUTH_NAME
     if not truth_path.is_file():
-        raise ValueError(f"{truth_path} does not exist: write the dataset with b2t-synth --ground-truth")
+        raise MissingInput(f"{truth_path} does not exist: write the dataset with b2t-synth --ground-truth")
     total, out = Tally(), {}
     with h5py.File(truth_path, "r") as truth:
         for day, session in enumerate(ckpt.sessions):
@@ -200,6 +202,6 @@ def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
             out[session] = tally.result()
             total += tally
     if not out:
-        raise ValueError(f"no session of the checkpoint ({', '.join(ckpt.sessions[:3])}, ...) has {split} "
+        raise UsageError(f"no session of the checkpoint ({', '.join(ckpt.sessions[:3])}, ...) has {split} "
                          f"trials with ground truth in {data}")
     return {**out, "all": total.result()}

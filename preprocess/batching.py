@@ -18,6 +18,7 @@ from b2t.buckets import align_length, bucket_index, bucket_table, ctc_min_patche
 from b2t.config import ConfigError, DataConfig, ModelConfig
 from b2t.contract import BucketShape
 from b2t.data.manifest import SPLITS, Exclusion
+from b2t.errors import UsageError
 from preprocess.trials import DataError, TrialRef
 
 
@@ -246,7 +247,7 @@ def plan_layout(refs: Sequence[TrialRef], data: DataConfig, model: ModelConfig, 
     `skip_bad`: a trial longer than the token budget allows is excluded, not an error."""
     unknown = sorted({r.split for r in refs} - set(SPLITS))
     if unknown:
-        raise ValueError(f"unknown splits {unknown}; expected some of {SPLITS}")
+        raise UsageError(f"unknown splits {unknown}; expected some of {SPLITS}")
     fitting, overlong = too_long(refs, data, model, skip_bad=skip_bad)
     kept, exclusions = split_feasible(fitting, model)
     exclusions = overlong + exclusions

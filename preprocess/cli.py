@@ -10,13 +10,12 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Group, UserError
-from b2t.config import ConfigError, load_config
+from b2t.cli_errors import Group
+from b2t.config import load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS
 from b2t.paths import Place, RegularFile, refuse_clashes
-from preprocess.trials import DataError
 from preprocess.verify import verify
-from preprocess.writer import OutputDirError, PrepareReport, prepare_dataset
+from preprocess.writer import PrepareReport, prepare_dataset
 
 DEFAULT_COMMAND = "build"
 
@@ -75,12 +74,9 @@ def build(src: Path, out: Path, config_path: Path | None, overrides: tuple[str, 
     missing; OUT/manifest.json is written last.
     """
     refuse_clashes([Place("OUT", out, tree=True)], [Place("SRC", src, tree=True)])
-    try:
-        config = load_config(config_path, list(overrides) + ([f"data.epochs={epochs}"] if epochs else []))
-        report = prepare_dataset(src, out, config, splits=splits, skip_bad=skip_bad, workers=workers,
-                                 overwrite=overwrite, progress=progress)
-    except (ConfigError, DataError, OutputDirError) as e:
-        raise UserError(str(e)) from None
+    config = load_config(config_path, list(overrides) + ([f"data.epochs={epochs}"] if epochs else []))
+    report = prepare_dataset(src, out, config, splits=splits, skip_bad=skip_bad, workers=workers,
+                             overwrite=overwrite, progress=progress)
     for warning in report.manifest.warnings:
         click.secho(f"warning: {warning} (recorded in {out / MANIFEST_NAME})", fg="yellow", err=True)
     click.echo(summary(report))

@@ -30,6 +30,7 @@ import torch
 
 from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, TRIAL_GROUP, trial_number
 from b2t.data.manifest import SPLITS, Exclusion, file_sha256
+from b2t.errors import UsageError
 from b2t.paths import file_kind
 from b2t.phonemes import SILENCE_ID
 from b2t.text import normalize_text
@@ -135,7 +136,7 @@ def scan_file(
 ) -> tuple[list[TrialRef], list[Exclusion]]:
     """Validate every trial of one split file; bad trials raise, or with `skip_bad` are excluded."""
     if split not in SPLIT_FILES:
-        raise ValueError(f"split must be one of {list(SPLIT_FILES)}, got {split!r}")
+        raise UsageError(f"split must be one of {list(SPLIT_FILES)}, got {split!r}")
     refs: list[TrialRef] = []
     excluded: list[Exclusion] = []
     with _open(path) as f:

@@ -38,6 +38,7 @@ import h5py
 import numpy as np
 
 from b2t.cli_errors import Command
+from b2t.errors import UsageError
 from b2t.phonemes import PHONEMES
 from preprocess.hdf5_source import SPLIT_FILES
 from preprocess.synth_core import (
@@ -180,8 +181,7 @@ def read_spec(out: Path) -> SynthSpec | None:
     if not path.is_file():
         return None
     try:
-        d = json.loads(path.read_bytes())
-        return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        return SynthSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(path.read_bytes()).items()})
     except (ValueError, TypeError, AttributeError):  # not JSON, not an object, unknown or bad fields
         return None
 
@@ -250,7 +250,7 @@ def main(ctx: click.Context, out: Path, overwrite: bool, **options: Any) -> None
             options[name] = value
     try:
         spec = SynthSpec(**options)
-    except ValueError as e:
+    except UsageError as e:
         raise click.BadParameter(str(e)) from None
     if out.exists() and any(out.iterdir()):
         previous = read_spec(out)

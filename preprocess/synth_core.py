@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from b2t.contract import FEATURE_DIM
+from b2t.errors import UsageError
 from b2t.phonemes import N_CLASSES, PHONEME_IDS, SILENCE_ID
 from preprocess.hdf5_source import SPLIT_FILES
 
@@ -53,23 +54,23 @@ class SynthSpec:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+            raise UsageError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
         for name in ("words", "bins_per_phoneme", "rest_bins"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
-                raise ValueError(f"{name} must be a range lo <= hi with lo >= 0, got {(lo, hi)}")
+                raise UsageError(f"{name} must be a range lo <= hi with lo >= 0, got {(lo, hi)}")
         if self.words[0] < 1 or self.bins_per_phoneme[0] < 1:
-            raise ValueError("words and bins_per_phoneme must start at 1 or more")
+            raise UsageError("words and bins_per_phoneme must start at 1 or more")
         if self.sessions < 1 or self.train_trials < 1 or min(self.val_trials, self.test_trials) < 0:
-            raise ValueError("need at least 1 session and 1 train trial per session; val/test counts >= 0")
+            raise UsageError("need at least 1 session and 1 train trial per session; val/test counts >= 0")
         if self.trials_per_block < 1 or self.corpus_sentences < 0:
-            raise ValueError("trials_per_block must be at least 1 and corpus_sentences at least 0")
+            raise UsageError("trials_per_block must be at least 1 and corpus_sentences at least 0")
         if min(self.noise_std, self.drift_std, self.offset_std) < 0:
-            raise ValueError("noise_std, drift_std and offset_std must be >= 0")
+            raise UsageError("noise_std, drift_std and offset_std must be >= 0")
         if not 0 <= self.structured_noise_rank <= FEATURE_DIM:
-            raise ValueError(f"structured_noise_rank must be 0 (off) to {FEATURE_DIM}, got {self.structured_noise_rank}")
+            raise UsageError(f"structured_noise_rank must be 0 (off) to {FEATURE_DIM}, got {self.structured_noise_rank}")
         if not (self.structured_noise_std >= 0 and self.structured_noise_timescale > 0):
-            raise ValueError(
+            raise UsageError(
                 "structured_noise_std must be >= 0 and structured_noise_timescale > 0 (bins), "
                 f"got {self.structured_noise_std} and {self.structured_noise_timescale}"
             )

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from b2t.errors import B2tError
 
-class DataError(ValueError):
+
+class DataError(B2tError, ValueError):
     """Bad input data; the message names the file, the trial group and the problem."""
 
     def __init__(self, file: str, trial: str | None, problem: str):

@@ -39,6 +39,7 @@ from b2t.config import Config
 from b2t.contract import INDEX_DTYPE, BucketShape, RowMeta, check_batch, empty_batch
 from b2t.data.manifest import FORMAT_VERSION, MANIFEST_NAME, SPLITS, Exclusion, Manifest, ShardEntry
 from b2t.data.sample import encode_sample
+from b2t.errors import B2tError
 from b2t.progress import progress_bar
 from b2t.run_lock import DATASET_LOCK, exclusive
 from preprocess.batching import BatchPlan, Layout, plan_layout
@@ -60,7 +61,7 @@ SHARD_NAME = re.compile(r"(train-e\d{3}|val|test)-\d{5}\.tar")
 """Names b2t-preprocess gives shards: train-e000-00000.tar, val-00000.tar, test-00000.tar."""
 
 
-class OutputDirError(RuntimeError):
+class OutputDirError(B2tError):
     """OUT cannot be written as asked (another run's data, or another process writing it)."""
 
 

@@ -1,4 +1,5 @@
-"""Every b2t command turns an OS error into one line naming the path and exit code 2.
+"""Every b2t command turns an OS error into one line naming the path and exit code 2, and
+b2t's own errors (`b2t.errors.B2tError`) into `error: ...`; anything else is a bug and says so.
 
 Each case points a command's output under a regular file (mkdir/open then fail with
 ENOTDIR, or EEXIST from mkdir(exist_ok=True)), the probe that used to end in a traceback.
@@ -6,15 +7,20 @@ ENOTDIR, or EEXIST from mkdir(exist_ok=True)), the probe that used to end in a t
 
 from __future__ import annotations
 
+import ast
 import errno
+import importlib
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
+from b2t import launch
 from b2t.cli import train_main
-from b2t.cli_errors import os_error_line
+from b2t.cli_errors import DEBUG_ENV, Command, Group, os_error_line
 from b2t.config import TINY_CONFIG, load_config
+from b2t.errors import DatasetError
 from b2t.eval_cli import eval_main, import_main
 from b2t.model.registry import build_model
 from b2t.train.checkpoint import TrainState, save_checkpoint
@@ -93,3 +99,58 @@ def test_lm_corpus_that_is_not_text_is_one_line_naming_it(command, tmp_path):
     assert result.exit_code == 2 and not isinstance(result.exception, UnicodeDecodeError), result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and str(corpus) in lines[0] and "not UTF-8" in lines[0], result.output
+
+
+# --- one error base: the CLIs catch B2tError (and OS errors), and a bug says it is one ---------------
+
+CLI_MODULES = sorted({target.split(":")[0] for target in launch.SCRIPTS.values()})
+
+
+def _wholesale_catches(module: str) -> list[str]:
+    """`module`'s `except` clauses that catch a builtin error around more than one statement."""
+    wholesale = {"Exception", "BaseException", "ValueError", "RuntimeError", "TypeError", "KeyError",
+                 "AttributeError", "FileNotFoundError", "OSError"}
+    path = Path(importlib.import_module(module).__file__)
+    found = []
+    for node in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Try)):
+        for handler in node.handlers:
+            types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+            caught = {ast.unparse(t) for t in types if t is not None} & wholesale
+            if (caught or handler.type is None) and len(node.body) > 1:
+                found.append(f"{path.name}:{handler.lineno} catches {sorted(caught) or 'everything'}")
+    return found
+
+
+@pytest.mark.parametrize("module", CLI_MODULES)
+def test_a_cli_module_catches_builtin_errors_only_around_one_statement(module):
+    """A CLI that caught ValueError around its whole run showed a bug's message as the user's
+    mistake; a builtin is caught only around the one statement that parses a user's file."""
+    assert not _wholesale_catches(module)
+
+
+def test_every_command_runs_under_the_one_rule():
+    for name in launch.SCRIPTS:
+        assert isinstance(launch.command(name), (Command, Group)), name
+
+
+def _failing(error: BaseException) -> click.Command:
+    @click.command(cls=Command)
+    def fails() -> None:
+        raise error
+
+    return fails
+
+
+def test_an_expected_error_is_one_line_and_exit_2():
+    result = CliRunner().invoke(_failing(DatasetError("shards/x.tar: truncated: rewrite it")))
+    assert (result.exit_code, result.output) == (2, "error: shards/x.tar: truncated: rewrite it\n")
+
+
+def test_a_bug_says_it_is_one_and_b2t_debug_shows_the_traceback(monkeypatch):
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    result = CliRunner().invoke(_failing(IndexError("list index out of range")))
+    assert result.exit_code == 70
+    assert result.output.startswith("internal error: IndexError: list index out of range\n(a bug in b2t")
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    result = CliRunner().invoke(_failing(IndexError("list index out of range")))
+    assert isinstance(result.exception, IndexError)  # raised on, for the traceback

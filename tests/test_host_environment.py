@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from b2t.cli import train_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.data import loader
+from b2t.errors import B2tError
 from b2t.tpu import compiler
 from b2t.train import devices
 from b2t.train.devices import DeviceError, checked_device
@@ -99,8 +100,8 @@ def test_16_too_few_file_descriptors_for_the_loader_workers(monkeypatch):
     """`ulimit -n 40` with 2 workers: an `OSError: [Errno 24]` traceback from a queue thread, then a stall."""
     monkeypatch.setattr(loader.resource, "getrlimit", lambda _: (40, 40))
     monkeypatch.setattr(loader.resource, "setrlimit", lambda *_: pytest.fail("the hard limit is the soft one"))
-    with pytest.raises(ValueError, match=r"the open-file limit \(ulimit -n\) is 40 with \d+ files open, and 2 "
-                                         r"loader workers need about 60 more: raise it .* train.num_workers=0"):
+    with pytest.raises(B2tError, match=r"the open-file limit \(ulimit -n\) is 40 with \d+ files open, and 2 "
+                                       r"loader workers need about 60 more: raise it .* train.num_workers=0"):
         loader.check_open_files(2)
     loader.check_open_files(0)
     raised = []

@@ -8,6 +8,7 @@ command (`b2t-preprocess`, `b2t-train`, `b2t-eval`, `b2t-import-baseline`, `b2t-
     clear error        non-zero exit, no traceback, the message names what it must (file, key, line)
     accepted           exit 0 where accepting is the design (e.g. `lr: 1e-3`), and the result checks out
     traceback          a Python traceback reached the user
+    internal error     the command said a bug in b2t stopped it (b2t.cli_errors), not the input
     silent             exit 0 although the input is bad, or a check of the result failed
     lost               something the user had (a model, a run, their own files) was destroyed
     hang               the command did not end within the probe's time limit
@@ -45,7 +46,7 @@ PROBES = HDF5_PROBES + OUTPUT_AND_CONFIG_PROBES + SHARD_PROBES + RUN_PROBES + EV
 
 # --- running and judging ------------------------------------------------------------------------------
 
-BAD = ("traceback", "silent", "lost", "hang", "nameless", "wrong refusal")
+BAD = ("traceback", "internal error", "silent", "lost", "hang", "nameless", "wrong refusal")
 
 
 def named(name: str, output: str) -> bool:
@@ -59,6 +60,8 @@ def judge(probe: Probe, returncode: int, output: str, names: list[str], problem:
         return "lost"
     if "Traceback (most recent call last)" in output:
         return "traceback"
+    if "internal error: " in output:
+        return "internal error"
     if probe.expect == "ok":
         return "wrong refusal" if returncode != 0 else "silent" if problem else "accepted"
     if returncode == 0 or problem:

@@ -31,6 +31,7 @@ from b2t.data.manifest import Manifest, ShardEntry, shard_path
 from b2t.data.mapped_tar import mapped_tar_samples
 from b2t.data.rows import compiled_checks, row_problems
 from b2t.data.sample import as_tensors, decode_fields
+from b2t.errors import B2tError, DatasetError
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,12 @@ class _Decoder:
         try:
             bucket = meta.get("bucket") if isinstance(meta, dict) else None
             if not isinstance(bucket, int) or not 0 <= bucket < len(self.buckets):
-                raise ValueError(f"meta bucket {bucket!r} is not an index into the manifest's {len(self.buckets)} buckets")
+                raise DatasetError(f"meta bucket {bucket!r} is not an index into the manifest's {len(self.buckets)} buckets")
             check_batch(tensors, self.buckets[bucket])
             if problems := row_problems(fields, self.buckets[bucket], self.n_sessions, self.patching):
-                raise ValueError("; ".join(problems) + ": run b2t-preprocess verify on the dataset, then rewrite it")
+                raise DatasetError("; ".join(problems) + ": run b2t-preprocess verify on the dataset, then rewrite it")
         except ValueError as e:
-            raise ValueError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: {e}") from None
+            raise DatasetError(f"{sample.get('__url__')}: sample {sample.get('__key__')}: {e}") from None
         return Batch(bucket, tensors, meta)
 
 
@@ -76,15 +77,15 @@ def pass_shards(manifest: Manifest, split: str, pass_index: int, cfg: StreamConf
     if split == "train":
         epochs = manifest.epochs("train")
         if not epochs:
-            raise ValueError("the dataset has no train shards: preprocess with the train split")
+            raise DatasetError("the dataset has no train shards: preprocess with the train split")
         shards = manifest.shards_of("train", epochs[pass_index % len(epochs)])
         random.Random(f"{cfg.seed}:{pass_index}").shuffle(shards)
     else:
         shards = manifest.shards_of(split)
         if not shards:
-            raise ValueError(f"the dataset has no {split} shards: preprocess with the {split} split")
+            raise DatasetError(f"the dataset has no {split} shards: preprocess with the {split} split")
     if len(shards) < cfg.world:
-        raise ValueError(
+        raise DatasetError(
             f"{len(shards)} {split} shards cannot feed {cfg.world} hosts: "
             "preprocess with fewer batches_per_shard so shards outnumber hosts"
         )
@@ -104,7 +105,7 @@ def fds_needed(workers: int) -> int:
 
 def check_open_files(workers: int) -> None:
     """Make room for `workers` loader workers' file descriptors (the soft limit raised to the
-    hard one), or ValueError saying how: out of descriptors, torch's fd sharing printed
+    hard one), or a B2tError saying how: out of descriptors, torch's fd sharing printed
     `OSError: [Errno 24]` from a queue thread and the loader waited for ever."""
     if workers == 0:
         return
@@ -115,8 +116,8 @@ def check_open_files(workers: int) -> None:
     in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     need = fds_needed(workers)
     if soft != resource.RLIM_INFINITY and soft - in_use < need:
-        raise ValueError(f"the open-file limit (ulimit -n) is {soft} with {in_use} files open, and {workers} "
-                         f"loader workers need about {need} more: raise it (ulimit -n 4096) or set train.num_workers=0")
+        raise B2tError(f"the open-file limit (ulimit -n) is {soft} with {in_use} files open, and {workers} "
+                       f"loader workers need about {need} more: raise it (ulimit -n 4096) or set train.num_workers=0")
 
 
 def _read(root: Path, manifest: Manifest, shards: list[ShardEntry], cfg: StreamConfig, shuffle_seed: str) -> Iterator[Batch]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from b2t.atomic import atomic_write_text
 from b2t.contract import FIELDS, BucketShape
+from b2t.errors import DatasetError, MissingInput
 from b2t.paths import file_kind, not_regular
 
 MANIFEST_NAME = "manifest.json"
@@ -35,15 +36,15 @@ class ShardEntry:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or self.name in ("", ".", "..") or "/" in self.name or "\\" in self.name:
-            raise ValueError(f"shard name {self.name!r} is not a file name inside the dataset directory")
+            raise DatasetError(f"shard name {self.name!r} is not a file name inside the dataset directory")
         if self.split not in SPLITS:
-            raise ValueError(f"shard {self.name}: split {self.split!r} is not one of {', '.join(SPLITS)}")
+            raise DatasetError(f"shard {self.name}: split {self.split!r} is not one of {', '.join(SPLITS)}")
         for key in ("epoch", "n_batches", "n_trials", "bytes"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"shard {self.name}: {key} is {value!r}, expected an integer >= 0")
+                raise DatasetError(f"shard {self.name}: {key} is {value!r}, expected an integer >= 0")
         if not isinstance(self.sha256, str):
-            raise ValueError(f"shard {self.name}: sha256 is {self.sha256!r}, expected a hex string")
+            raise DatasetError(f"shard {self.name}: sha256 is {self.sha256!r}, expected a hex string")
 
 
 def shard_path(root: str | Path, entry: ShardEntry) -> Path:
@@ -54,8 +55,8 @@ def shard_path(root: str | Path, entry: ShardEntry) -> Path:
     path = root / entry.name
     resolved, inside = path.resolve(), root.resolve()
     if resolved == inside or not resolved.is_relative_to(inside):
-        raise ValueError(f"{path} resolves to {resolved}, outside the dataset directory {inside}: "
-                         "a manifest names only shards inside its own directory; re-run b2t-preprocess")
+        raise DatasetError(f"{path} resolves to {resolved}, outside the dataset directory {inside}: "
+                           "a manifest names only shards inside its own directory; re-run b2t-preprocess")
     return path
 
 
@@ -131,7 +132,7 @@ class Manifest:
         model = self.config.get("model", {}) if isinstance(self.config, dict) else {}
         size, stride = model.get("patch_size"), model.get("patch_stride")
         if not (isinstance(size, int) and isinstance(stride, int) and 1 <= stride <= size):
-            raise ValueError(f"model.patch_size={size!r}, patch_stride={stride!r}: expected integers, 1 <= stride <= size")
+            raise DatasetError(f"model.patch_size={size!r}, patch_stride={stride!r}: expected integers, 1 <= stride <= size")
         return size, stride
 
     def config_differences(self, data: Any) -> list[str]:
@@ -149,9 +150,9 @@ class Manifest:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Manifest:
         if not isinstance(d, dict):
-            raise ValueError(f"the top level is a JSON {type(d).__name__}, expected an object")
+            raise DatasetError(f"the top level is a JSON {type(d).__name__}, expected an object")
         if d.get("version") != FORMAT_VERSION:
-            raise ValueError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
+            raise DatasetError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
         m = cls(
             sessions=list(d["sessions"]),
             buckets=[BucketShape.from_dict(b) for b in d["buckets"]],
@@ -163,13 +164,13 @@ class Manifest:
             warnings=list(d.get("warnings", [])),
         )
         if not all(isinstance(x, str) for x in m.sessions) or len(set(m.sessions)) != len(m.sessions):
-            raise ValueError("sessions must be distinct session names")
+            raise DatasetError("sessions must be distinct session names")
         if not all(isinstance(x, dict) for x in (m.splits, m.config)):
-            raise ValueError("splits and config must be JSON objects")
+            raise DatasetError("splits and config must be JSON objects")
         if any(min(b.T, b.B, b.L) < 1 for b in m.buckets):
-            raise ValueError("every bucket needs T, B and L >= 1")
+            raise DatasetError("every bucket needs T, B and L >= 1")
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
-            raise ValueError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
+            raise DatasetError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
         return m
 
     def save(self, directory: str | Path) -> Path:
@@ -180,16 +181,16 @@ class Manifest:
     def load(cls, directory: str | Path) -> Manifest:
         path = Path(directory) / MANIFEST_NAME
         if not path.exists():
-            raise FileNotFoundError(f"{path} not found: run b2t-preprocess first (or it did not finish)")
+            raise MissingInput(f"{path} not found: run b2t-preprocess first (or it did not finish)")
         if (why := not_regular(path)) is not None:
-            raise ValueError(f"{why}: expected a b2t manifest")
+            raise DatasetError(f"{why}: expected a b2t manifest")
         try:
             return cls.from_json(json.loads(path.read_bytes()))
         except UnicodeDecodeError:
-            raise ValueError(f"{path} is not a valid b2t manifest: not UTF-8 JSON text") from None
+            raise DatasetError(f"{path} is not a valid b2t manifest: not UTF-8 JSON text") from None
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # ValueError covers JSONDecodeError
             what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
-            raise ValueError(f"{path} is not a valid b2t manifest: {what}") from None
+            raise DatasetError(f"{path} is not a valid b2t manifest: {what}") from None
 
     def shards_of(self, split: str, epoch: int | None = None) -> list[ShardEntry]:
         return [s for s in self.shards if s.split == split and (epoch is None or s.epoch == epoch)]

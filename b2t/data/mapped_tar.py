@@ -18,6 +18,8 @@ import tarfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from b2t.errors import DatasetError
+
 
 def shard_samples(path: str) -> Iterator[dict[str, Any]]:
     """The samples of one tar shard, grouped by key as WebDataset groups them."""
@@ -27,16 +29,16 @@ def shard_samples(path: str) -> Iterator[dict[str, Any]]:
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except (OSError, ValueError, tarfile.TarError) as e:
-        raise ValueError(f"{path}: not a readable tar shard: {e}") from None
+        raise DatasetError(f"{path}: not a readable tar shard: {e}") from None
     view = memoryview(mapped)
     sample: dict[str, Any] = {}
     for member in members:
         if not member.isfile():
-            raise ValueError(f"{path}: tar member {member.name!r} is not a regular file")
+            raise DatasetError(f"{path}: tar member {member.name!r} is not a regular file")
         end = member.offset_data + member.size
         if end > len(view):
-            raise ValueError(f"{path}: tar member {member.name!r} ends at byte {end}, past the end "
-                             f"of the {len(view)}-byte file (truncated?)")
+            raise DatasetError(f"{path}: tar member {member.name!r} ends at byte {end}, past the end "
+                               f"of the {len(view)}-byte file (truncated?)")
         folder, slash, name = member.name.rpartition("/")
         base, _, ext = name.partition(".")  # WebDataset's rule: the key ends at the name's first dot
         key = folder + slash + base
@@ -45,7 +47,7 @@ def shard_samples(path: str) -> Iterator[dict[str, Any]]:
                 yield sample
             sample = {"__key__": key, "__url__": path}
         if ext in sample:
-            raise ValueError(f"{path}: sample {key!r} holds {ext!r} twice")
+            raise DatasetError(f"{path}: sample {key!r} holds {ext!r} twice")
         sample[ext] = view[member.offset_data : end]
     if sample:
         yield sample

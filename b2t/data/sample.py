@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from b2t.contract import FIELDS
+from b2t.errors import DatasetError
 
 TENSORS_KEY = "batch.safetensors"
 META_KEY = "meta.json"
@@ -55,10 +56,10 @@ def field_views(data: bytes | memoryview) -> dict[str, np.ndarray | torch.Tensor
     if buffer.readonly:
         buffer = memoryview(bytearray(buffer))
     if len(buffer) < 8:
-        raise ValueError(f"safetensors data of {len(buffer)} bytes has no header")
+        raise DatasetError(f"safetensors data of {len(buffer)} bytes has no header")
     (n,) = struct.unpack_from("<Q", buffer)
     if 8 + n > len(buffer):
-        raise ValueError(f"safetensors header of {n} bytes runs past the {len(buffer)} bytes of data")
+        raise DatasetError(f"safetensors header of {n} bytes runs past the {len(buffer)} bytes of data")
     header = json.loads(bytes(buffer[8 : 8 + n]))
     body = buffer[8 + n :]
     fields: dict[str, np.ndarray | torch.Tensor] = {}
@@ -67,13 +68,13 @@ def field_views(data: bytes | memoryview) -> dict[str, np.ndarray | torch.Tensor
             continue
         dtype = _DTYPES.get(spec["dtype"])
         if dtype is None:
-            raise ValueError(f"tensor {name!r} has dtype {spec['dtype']!r}, not one of {sorted(_DTYPES)}")
+            raise DatasetError(f"tensor {name!r} has dtype {spec['dtype']!r}, not one of {sorted(_DTYPES)}")
         shape, (lo, hi) = [int(d) for d in spec["shape"]], spec["data_offsets"]
         count = math.prod(shape)
         if not 0 <= lo <= hi <= len(body) or hi - lo != count * dtype.itemsize:
-            raise ValueError(f"tensor {name!r}: bytes {lo}..{hi} of {len(body)} cannot hold {dtype} {shape}")
+            raise DatasetError(f"tensor {name!r}: bytes {lo}..{hi} of {len(body)} cannot hold {dtype} {shape}")
         if lo % dtype.itemsize:  # safetensors writes each tensor aligned to its dtype; compiled readers rely on it
-            raise ValueError(f"tensor {name!r}: {dtype} data at byte {lo} is not aligned to its {dtype.itemsize}-byte items")
+            raise DatasetError(f"tensor {name!r}: {dtype} data at byte {lo} is not aligned to its {dtype.itemsize}-byte items")
         if dtype == torch.bfloat16:
             flat = torch.frombuffer(body[lo:hi], dtype=dtype) if hi > lo else torch.empty(0, dtype=dtype)
             fields[name] = flat.reshape(shape)
@@ -97,11 +98,11 @@ def decode_fields(sample: Mapping[str, Any]) -> tuple[dict[str, np.ndarray | tor
     where = f"sample {sample.get('__key__')!r} from {sample.get('__url__')!r}"
     missing = [k for k in (TENSORS_KEY, META_KEY) if k not in sample]
     if missing:
-        raise ValueError(f"{where} lacks {missing}")
+        raise DatasetError(f"{where} lacks {missing}")
     try:
         return field_views(sample[TENSORS_KEY]), json.loads(bytes(sample[META_KEY]))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{where} does not decode: {e!r}") from None
+        raise DatasetError(f"{where} does not decode: {e!r}") from None
 
 
 def decode_sample(sample: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

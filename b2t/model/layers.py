@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.modules.rnn import GRU as TorchGRU
 
 from b2t.contract import FEATURE_DIM, PARAM_DTYPE
+from b2t.errors import DatasetError, UsageError
 from b2t.model.gru_op import gru_stack
 from b2t.model.masks import DropoutMask
 
@@ -47,7 +48,7 @@ class DayLayer(nn.Module):
     def __init__(self, n_days: int, dim: int = FEATURE_DIM, *, device: torch.device = CPU) -> None:
         super().__init__()
         if n_days < 1:
-            raise ValueError(f"n_days must be >= 1 (sessions in the manifest), got {n_days}")
+            raise DatasetError(f"n_days must be >= 1 (sessions in the manifest), got {n_days}")
         self.n_days = n_days
         eye = torch.eye(dim, dtype=PARAM_DTYPE, device=device)
         self.weight = nn.Parameter(eye.expand(n_days, -1, -1).clone())  # (n_days, F, F)
@@ -175,7 +176,7 @@ def patches(x: torch.Tensor, size: int, stride: int) -> torch.Tensor:
     """
     n_batch, n_time, n_feat = x.shape
     if n_time < size:
-        raise ValueError(f"need at least patch_size={size} time bins, got T={n_time}")
+        raise UsageError(f"need at least patch_size={size} time bins, got T={n_time}")
     n_patches = (n_time - size) // stride + 1
     n_blocks = -(-size // stride)  # blocks a window touches
     n_bins = stride * (n_patches + n_blocks - 1)  # bins the blocks cover

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
+from b2t.errors import InputFileError
+
 COMPILE_PREFIX = "_orig_mod."
 """What torch.compile puts before every key of the module it wraps."""
 DAY_KEYS = {"day_weights": "day.weight", "day_biases": "day.bias"}
@@ -53,7 +55,7 @@ def from_reference_state_dict(state: Mapping[str, torch.Tensor],
     for stem, ours in DAY_KEYS.items():
         found = sorted(int(k.rpartition(".")[2]) for k in plain if k.startswith(stem + "."))
         if not found or found != list(range(len(found))):
-            raise ValueError(f"reference state dict: {stem}.<d> keys must be numbered 0..n-1, found days {found}")
+            raise InputFileError(f"reference state dict: {stem}.<d> keys must be numbered 0..n-1, found days {found}")
         order = found if days is None else list(days)
         out[ours] = torch.stack([plain[f"{stem}.{d}"] for d in order])  # (n_days, ...)
     return out

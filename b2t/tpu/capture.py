@@ -38,6 +38,7 @@ from torch import nn
 
 from b2t.config import Config, MeshConfig
 from b2t.contract import Batch, BucketShape, empty_batch
+from b2t.errors import B2tError
 from b2t.model.registry import build_model
 from b2t.private_api import data_handles, graph_data_handles, has_pending_graph, is_placeholder, warm_up_cache
 from b2t.train.backend import Backend
@@ -47,7 +48,7 @@ from b2t.train.step import Stepper
 DUMP_SUFFIX = ".before_optimizations.hlo.pb"
 
 
-class CaptureError(RuntimeError):
+class CaptureError(B2tError):
     """The trace could not be set up as the target needs; the message says what to do."""
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from b2t.config import Config
 from b2t.contract import BucketShape
+from b2t.errors import UsageError
 from b2t.tpu.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
 from b2t.tpu.compiler import HEADROOM, Compiled
 from b2t.tpu.side_by_side import HostMemory, compile_all, compile_step
@@ -43,17 +44,17 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
     """Trace and compile every graph of a run of `cfg` (its `train.backend`: openxla or xla) on
     `target`, compiling up to `jobs` steps at once (`b2t.tpu.side_by_side`); the report as text."""
     if cfg.train.backend not in ("openxla", "xla"):
-        raise ValueError(f"--target checks a TPU run, which compiles with openxla or xla, not {cfg.train.backend}: "
+        raise UsageError(f"--target checks a TPU run, which compiles with openxla or xla, not {cfg.train.backend}: "
                          "pass --backend openxla (or xla)")
     mesh = cfg.mesh
     # no mesh given (or data=all): data-parallel over every chip, as --devices all would train
     devices = target.chips if mesh.data == -1 or not mesh.spmd else mesh.data * mesh.fsdp
     if devices != target.chips:
-        raise ValueError(f"--mesh spans {devices} devices but {target.name} has {target.chips} chips: "
+        raise UsageError(f"--mesh spans {devices} devices but {target.name} has {target.chips} chips: "
                          f"give a mesh of {target.chips} (e.g. --mesh data={target.chips})")
     bad = [b for b in buckets if b.B % devices]
     if bad:
-        raise ValueError(f"bucket T={bad[0].T} B={bad[0].B} does not split over {devices} chips: "
+        raise UsageError(f"bucket T={bad[0].T} B={bad[0].B} does not split over {devices} chips: "
                          f"re-run b2t-preprocess with --set data.row_multiple={devices}")
     with tempfile.TemporaryDirectory(prefix="b2t-tpu-") as tmp:
         dump = Path(tmp)

@@ -27,10 +27,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from b2t.errors import B2tError
 from b2t.tpu.targets import GiB, Target
 
 
-class CompilerMissing(RuntimeError):
+class CompilerMissing(B2tError):
     """The TPU compiler cannot run here (libtpu or jax missing, or libtpu refused the target);
     the message says why and what to do."""
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from b2t.errors import UsageError
 from b2t.tpu.capture import Graph
 from b2t.tpu.compiler import Compiled, compile_for
 from b2t.tpu.targets import Target
@@ -119,7 +120,7 @@ def compile_all(target: Target, steps: Sequence[Sequence[Graph]], jobs: int, rep
     from b2t.train.warmup_progress import CompileEstimates
 
     if jobs < 1:
-        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
     jobs = min(jobs, len(steps)) or 1
     report(f"compiling {len(steps)} step{'s' * (len(steps) != 1)} for {target.name}, {jobs} at a time")
     estimates, lock = CompileEstimates(), threading.Lock()

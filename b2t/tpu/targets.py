@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from b2t.errors import UsageError
+
 GiB = 1024**3
 
 
@@ -70,5 +72,5 @@ def parse_target(name: str) -> Target:
     """`v5e-8` -> its Target; an unknown name is a ValueError that lists the known ones."""
     key = name.strip().lower().replace("v5litepod", "v5e").replace("v6litepod", "v6e")
     if key not in TARGETS:
-        raise ValueError(f"--target {name!r} is not a TPU slice b2t knows: choose one of {', '.join(TARGETS)}")
+        raise UsageError(f"--target {name!r} is not a TPU slice b2t knows: choose one of {', '.join(TARGETS)}")
     return TARGETS[key]

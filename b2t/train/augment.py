@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from b2t.config import AugmentConfig
+from b2t.config import AugmentConfig, ConfigError
 from b2t.train.rng import Rng, Stream
 
 _TRUNCATE_STDS = 4.0
@@ -40,13 +40,13 @@ def gaussian_kernel(std: float, device: torch.device | str = "cpu") -> Tensor:
     is a constant of the device graph, not a CPU tensor the graph would have to fetch.
     """
     if std <= 0:
-        raise ValueError(f"smoothing std must be > 0, got {std} (augment.smooth_std = 0 turns smoothing off)")
+        raise ConfigError(f"smoothing std must be > 0, got {std} (augment.smooth_std = 0 turns smoothing off)")
     radius = int(_TRUNCATE_STDS * std + 0.5)
     w = [math.exp(-0.5 * (x / std) ** 2) for x in range(-radius, radius + 1)]
     w = [v / sum(w) for v in w]
     w = [v for v in w if v > _MIN_TAP]  # the Gaussian is unimodal, so the kept taps stay contiguous and centred
     if not w:
-        raise ValueError(f"smoothing std {std} is too wide: every kernel tap is below {_MIN_TAP}")
+        raise ConfigError(f"smoothing std {std} is too wide: every kernel tap is below {_MIN_TAP}")
     return torch.tensor([v / sum(w) for v in w], dtype=torch.float32, device=device)
 
 
@@ -59,7 +59,7 @@ def smooth(features: Tensor, kernel: Tensor) -> Tensor:
     _, _, n_feat = features.shape  # (B, T, F)
     K = kernel.numel()
     if K % 2 != 1:
-        raise ValueError(f"smoothing kernel must have an odd length to stay centred, got {K}")
+        raise ConfigError(f"smoothing kernel must have an odd length to stay centred, got {K}")
     with torch.autocast(device_type=features.device.type, enabled=False):
         w = kernel.to(device=features.device, dtype=torch.float32).view(1, 1, K).expand(n_feat, 1, K)  # (F, 1, K)
         x = features.to(torch.float32).transpose(1, 2)  # (B, F, T)

@@ -29,8 +29,9 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from b2t.atomic import atomic_write_bytes
+from b2t.errors import B2tError, MissingInput
 from b2t.paths import not_regular
-from b2t.train.checkpoint_checks import check_meta, check_optimizer, check_tensors, check_weights
+from b2t.train.checkpoint_checks import CheckpointError, check_meta, check_optimizer, check_tensors, check_weights
 from b2t.train.mesh import host_copy
 from b2t.train.optim import step_count
 
@@ -49,7 +50,7 @@ class TrainState:
     dataset: dict[str, str] = field(default_factory=dict)  # path and identity (Manifest.identity) of its shards
 
 
-class NonFiniteCheckpoint(ValueError):
+class NonFiniteCheckpoint(B2tError, ValueError):
     """The weights (or loss) to save are NaN/Inf; nothing was written."""
 
 
@@ -86,17 +87,17 @@ def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
 
 def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint {path} not found")
+        raise MissingInput(f"checkpoint {path} not found")
     if (why := not_regular(path)) is not None:
-        raise ValueError(f"{why}: expected a b2t checkpoint")
+        raise CheckpointError(f"{why}: expected a b2t checkpoint")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("b2t", "{}"))
             tensors = {k: f.get_tensor(k) for k in f.keys()} if with_tensors else {}
     except Exception as e:  # safetensors raises several types for a damaged header
-        raise ValueError(f"{path} is not a readable b2t checkpoint: {e}") from None
+        raise CheckpointError(f"{path} is not a readable b2t checkpoint: {e}") from None
     if isinstance(meta, dict) and meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
+        raise CheckpointError(f"{path} is not a {FORMAT} file (format {meta.get('format')!r})")
     meta = check_meta(path, meta)
     check_tensors(path, tensors)
     return tensors, meta
@@ -139,11 +140,11 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     problems = check_weights(path, weights, model.state_dict())
     if problems:
-        raise ValueError(f"{path}: weights do not fit the model: {'; '.join(problems[:6])}")
+        raise CheckpointError(f"{path}: weights do not fit the model: {'; '.join(problems[:6])}")
     state = TrainState(**meta["state"])
     if optimizer is not None:
         if "param_groups" not in meta:
-            raise ValueError(f"{path} holds no optimizer state: cannot resume training from it")
+            raise CheckpointError(f"{path} holds no optimizer state: cannot resume training from it")
         check_optimizer(path, tensors, meta["param_groups"], optimizer, state.step)
     model.load_state_dict(weights)
     if optimizer is not None:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from b2t.errors import B2tError
+
 STATE_FIELDS: dict[str, tuple[type, ...]] = {
     "step": (int,), "batches": (int,), "best_per": (int, float), "best_step": (int,),
     "sessions": (list,), "config": (dict,), "mesh": (dict,), "dataset": (dict,),
@@ -31,7 +33,7 @@ ADAM_KEYS = ("step", "exp_avg", "exp_avg_sq")
 _OPTIM_NAME = re.compile(r"optim\.(\d+)\.(\w+)")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(B2tError, ValueError):
     """A checkpoint that cannot be used as it is; the message names the file and the problem."""
 
 

@@ -11,11 +11,13 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING
 
+from b2t.errors import B2tError
+
 if TYPE_CHECKING:
     import torch
 
 
-class DeviceError(ValueError):
+class DeviceError(B2tError, ValueError):
     """The device asked for is not on this host; the message says what is and what to ask for."""
 
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
+from b2t.errors import B2tError
 from b2t.private_api import local_shard_indices, local_shards, sharding_constraint, sharding_spec
 from b2t.train.devices import xla_rank_world
 from b2t.train.process import configure_process
@@ -40,7 +41,7 @@ BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
 """A batch's rows are split over both axes: every device steps its own rows."""
 
 
-class ParallelError(ValueError):
+class ParallelError(B2tError, ValueError):
     """A device or host layout that cannot run; the message says how to fix it."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from b2t.atomic import atomic_write_text
+from b2t.errors import B2tError
 
 TENSORBOARD_DIR = "tensorboard"
 
@@ -45,7 +46,7 @@ def finite_or_null(value: Any) -> Any:
     return value
 
 
-class MetricsError(ValueError):
+class MetricsError(B2tError, ValueError):
     """A metrics.jsonl line that is not a well-formed record; the message names the file and line."""
 
 

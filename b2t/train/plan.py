@@ -41,6 +41,7 @@ from torch import nn
 from b2t.buckets import patch_count
 from b2t.config import Config, ModelConfig
 from b2t.contract import COMPUTE_DTYPE, FEATURE_DIM, FEATURE_DTYPE, LOSS_DTYPE, PARAM_DTYPE, BucketShape
+from b2t.errors import UsageError
 from b2t.model.layers import DayLayer, GRUStack
 from b2t.model.registry import build_model, count_parameters
 from b2t.phonemes import N_CLASSES
@@ -226,9 +227,9 @@ def plan_memory(buckets: list[BucketShape], n_days: int, cfg: Config, devices: i
     """The per-device memory plan of training `cfg` on `buckets` split over `devices`, weights
     sharded over `fsdp` of them; with `device_memory`, also the mesh `recommend_mesh` picks."""
     if devices < 1 or fsdp < 1 or devices % fsdp:
-        raise ValueError(f"fsdp={fsdp} must divide devices={devices} (both >= 1)")
+        raise UsageError(f"fsdp={fsdp} must divide devices={devices} (both >= 1)")
     if not buckets:
-        raise ValueError("no buckets to plan for")
+        raise UsageError("no buckets to plan for")
     parts = count_parameters(cfg.model, n_days)
     parts.pop("total")
     weights = weight_layout(cfg.model, n_days, fsdp)
@@ -272,9 +273,9 @@ def parse_bytes(text: str) -> int:
     try:
         value = float(number) * scale
     except ValueError:
-        raise ValueError(f"cannot read {text!r} as a memory size: write e.g. 16GiB or 512MiB") from None
+        raise UsageError(f"cannot read {text!r} as a memory size: write e.g. 16GiB or 512MiB") from None
     if value <= 0:
-        raise ValueError(f"memory size must be > 0, got {text!r}")
+        raise UsageError(f"memory size must be > 0, got {text!r}")
     return int(value)
 
 

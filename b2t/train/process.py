@@ -10,6 +10,7 @@ for the whole suite, so that no test depends on which test made them first.
 from __future__ import annotations
 
 from b2t.config import BACKENDS, XLA_BACKENDS
+from b2t.errors import UsageError
 from b2t.private_api import raise_recompile_limit, scalars_as_device_data
 from b2t.train.devices import select_pjrt_device
 
@@ -40,7 +41,7 @@ def configure_process(backend_name: str, spmd: bool = False) -> None:
     if backend_name not in BACKENDS:
         raise ValueError(f"unknown backend {backend_name!r}: choose one of {', '.join(BACKENDS)}")
     if spmd and backend_name not in XLA_BACKENDS:
-        raise ValueError(f"an SPMD mesh needs an XLA backend, not {backend_name!r}")
+        raise UsageError(f"an SPMD mesh needs an XLA backend, not {backend_name!r}")
     if backend_name in ("openxla", "inductor"):
         raise_recompile_limit(RECOMPILE_LIMIT)
     if backend_name not in XLA_BACKENDS:

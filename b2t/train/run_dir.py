@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from b2t.config import Config
+from b2t.errors import B2tError
 from b2t.train.metrics_log import scan_records
 from b2t.train.parallel import torchrun_rank_world
 
@@ -31,7 +32,7 @@ RESULT_KINDS = ("train", "val", "summary")
 """Metrics records that say steps were trained (the others: layout, compile, init)."""
 
 
-class TrainingError(RuntimeError):
+class TrainingError(B2tError):
     """The run cannot continue; the message says why and what to do."""
 
 

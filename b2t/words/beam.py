@@ -30,6 +30,7 @@ from flashlight.lib.text.decoder import (
 from flashlight.lib.text.decoder.kenlm import KenLM
 from flashlight.lib.text.dictionary import Dictionary
 
+from b2t.errors import InputFileError, MissingInput, UsageError
 from b2t.phonemes import BLANK_ID, N_CLASSES, SILENCE_ID
 from b2t.words.kenlm_binary import kenlm_reason
 from b2t.words.lexicon import Lexicon, Pronunciation
@@ -55,13 +56,13 @@ class BeamOptions:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+            raise UsageError(f"beam_size must be >= 1, got {self.beam_size}")
         if not 1 <= self.beam_size_token <= N_CLASSES:
-            raise ValueError(f"beam_size_token must be in 1..{N_CLASSES}, got {self.beam_size_token}")
+            raise UsageError(f"beam_size_token must be in 1..{N_CLASSES}, got {self.beam_size_token}")
         if not self.beam_threshold > 0:
-            raise ValueError(f"beam_threshold must be > 0, got {self.beam_threshold}")
+            raise UsageError(f"beam_threshold must be > 0, got {self.beam_threshold}")
         if not self.lm_weight >= 0:
-            raise ValueError(f"lm_weight must be >= 0, got {self.lm_weight}")
+            raise UsageError(f"lm_weight must be >= 0, got {self.lm_weight}")
 
 
 def load_lm(path: str | Path, word_dict: Dictionary | None = None) -> KenLM:
@@ -71,11 +72,11 @@ def load_lm(path: str | Path, word_dict: Dictionary | None = None) -> KenLM:
     naming it: KenLM's own errors name no file.
     """
     if not Path(path).is_file():
-        raise FileNotFoundError(f"language model {path} does not exist")
+        raise MissingInput(f"language model {path} does not exist")
     try:
         return KenLM(str(path), word_dict or Dictionary([UNK]))
     except RuntimeError as e:
-        raise ValueError(f"{path}: KenLM cannot read it: {kenlm_reason(str(e))}") from None
+        raise InputFileError(f"{path}: KenLM cannot read it: {kenlm_reason(str(e))}") from None
 
 
 def _padded(sequences: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +120,7 @@ class WordDecoder:
                  options: BeamOptions | None = None) -> None:
         """lm_path: an ARPA or KenLM binary file (`b2t-lm build`); None searches with the lexicon only."""
         if not len(lexicon):
-            raise ValueError("the lexicon is empty; the decoder could output no word")
+            raise InputFileError("the lexicon is empty; the decoder could output no word")
         self.lexicon = lexicon
         self.options = options or BeamOptions()
         self._words = [*lexicon.words, UNK]  # word index -> text; UNK last

@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 
 from b2t.atomic import atomic_write_text
-from b2t.cli_errors import Group, UserError
+from b2t.cli_errors import Group
+from b2t.errors import B2tError, InputFileError
 from b2t.paths import Place, RegularFile, refuse_clashes
-from b2t.words.kenlm_binary import BINARY_SUFFIXES, BuildBinaryError, write_binary_lm
-from b2t.words.lexicon import LexiconError, cmu_lexicon, load_lexicon
+from b2t.words.kenlm_binary import BINARY_SUFFIXES, write_binary_lm
+from b2t.words.lexicon import cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
 
 
@@ -19,7 +20,7 @@ def _read_corpus(path: Path) -> list[str]:
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start}): expected a corpus, one sentence per line") from e
+        raise InputFileError(f"{path}: not UTF-8 text (byte {e.start}): expected a corpus, one sentence per line") from e
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,13 +42,10 @@ def build(corpus: Path, output: Path, order: int) -> None:
     refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus)])
     try:
         arpa = build_arpa(_read_corpus(corpus), order=order)
-    except ValueError as e:
-        raise UserError(f"{corpus}: {e}") from e
+    except B2tError as e:
+        raise type(e)(f"{corpus}: {e}") from e
     if output.suffix in BINARY_SUFFIXES:
-        try:
-            write_binary_lm(arpa, output)
-        except BuildBinaryError as e:
-            raise UserError(str(e)) from e
+        write_binary_lm(arpa, output)
     else:
         atomic_write_text(output, arpa)
     counts = [line for line in arpa.splitlines() if line.startswith("ngram ")]
@@ -63,14 +61,11 @@ def build(corpus: Path, output: Path, order: int) -> None:
 def lexicon(corpus: Path, output: Path, source: Path | None) -> None:
     """Write the pronunciations of CORPUS's words (the decoder's vocabulary)."""
     refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus), *([Place("--source", source)] if source else [])])
-    try:
-        full = cmu_lexicon() if source is None else load_lexicon(source)
-    except LexiconError as e:
-        raise UserError(str(e)) from e
+    full = cmu_lexicon() if source is None else load_lexicon(source)
     vocabulary = corpus_vocabulary(_read_corpus(corpus))
     restricted = full.restrict(vocabulary)
     if not len(restricted):
-        raise UserError(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")
+        raise InputFileError(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")
     restricted.write(output)
     missing = full.missing(vocabulary)
     click.echo(f"wrote {output}: {len(restricted)} of {len(vocabulary)} corpus words")

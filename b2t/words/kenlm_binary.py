@@ -15,13 +15,14 @@ import tempfile
 from pathlib import Path
 
 from b2t.atomic import atomic_path
+from b2t.errors import B2tError
 
 BINARY_SUFFIXES = (".bin", ".klm")
 """Output names that `b2t-lm build` writes as a KenLM binary (others get ARPA text)."""
 BUILD_BINARY = "build_binary"
 
 
-class BuildBinaryError(Exception):
+class BuildBinaryError(B2tError):
     """KenLM's build_binary is not installed, or it refused the model."""
 
 

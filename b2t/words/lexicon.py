@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from b2t.atomic import atomic_write_text
+from b2t.errors import B2tError
 from b2t.phonemes import BLANK_ID, PHONEME_IDS, PHONEMES, SILENCE_ID
 from b2t.text import is_word, normalize_text
 
@@ -27,7 +28,7 @@ Pronunciation = tuple[int, ...]
 _STRESS = re.compile(r"[0-9]+$")
 
 
-class LexiconError(ValueError):
+class LexiconError(B2tError, ValueError):
     """A lexicon source that cannot be used; the message names the file and line."""
 
 

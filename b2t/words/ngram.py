@@ -30,6 +30,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from b2t.errors import InputFileError, UsageError
 from b2t.text import normalize_text
 
 BOS, EOS, UNK = "<s>", "</s>", "<unk>"
@@ -107,10 +108,10 @@ def build_arpa(sentences: Iterable[str], order: int = 3) -> str:
     `<s>` and `</s>`; the vocabulary is every word seen plus `</s>` and `<unk>`.
     """
     if order < 1:
-        raise ValueError(f"order must be >= 1, got {order}")
+        raise UsageError(f"order must be >= 1, got {order}")
     adjusted = _adjusted_counts(_raw_counts(sentences, order))
     if not adjusted[0]:
-        raise ValueError("the corpus holds no words after normalisation (lower case letters and apostrophes)")
+        raise InputFileError("the corpus holds no words after normalisation (lower case letters and apostrophes)")
     n_vocab = len(adjusted[0]) + 1  # seen words and </s>, plus <unk>
 
     probs: list[dict[Gram, float]] = []
@@ -162,11 +163,12 @@ def check_arpa(path: str | Path) -> None:
         lines = [line.strip() for line in head.decode("utf-8").splitlines()]
     except UnicodeDecodeError as e:
         if e.start < len(head) - 4:  # not just a character cut by the read's end
-            raise ValueError(f"{path}: not UTF-8 text (byte {head[e.start]:#04x} at offset {e.start}): {expected}") from None
+            raise InputFileError(f"{path}: not UTF-8 text (byte {head[e.start]:#04x} at offset {e.start}): "
+                                 f"{expected}") from None
         lines = [line.strip() for line in head[: e.start].decode("utf-8").splitlines()]
     lines = [line for line in lines if line]
     if not lines or lines[0] != "\\data\\":
         first = repr(lines[0][:40]) if lines else "nothing"
-        raise ValueError(f"{path}: its first line is {first}: {expected}")
+        raise InputFileError(f"{path}: its first line is {first}: {expected}")
     if len(lines) < 2 or not re.fullmatch(r"ngram [1-9][0-9]*=[0-9]+", lines[1]):
-        raise ValueError(f"{path}: line after '\\data\\' is {lines[1][:40] if len(lines) > 1 else 'missing'!r}: {expected}")
+        raise InputFileError(f"{path}: line after '\\data\\' is {lines[1][:40] if len(lines) > 1 else 'missing'!r}: {expected}")

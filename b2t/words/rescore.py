@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from b2t.errors import B2tError, InputFileError, UsageError
 from b2t.progress import progress_bar
 
 INSTALL_HINT = "pip install 'b2t[rescore]'"
@@ -29,7 +30,7 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ValueError(f"--rescore needs transformers, which the rescore extra installs: {INSTALL_HINT}") from None
+        raise UsageError(f"--rescore needs transformers, which the rescore extra installs: {INSTALL_HINT}") from None
     transformers.utils.logging.set_verbosity_error()  # its notices and loading bars are not b2t-eval's output
     transformers.utils.logging.disable_progress_bar()
     return transformers
@@ -51,13 +52,13 @@ class CausalLMScorer:
         output). A directory that holds something else is a ValueError naming it."""
         self.path = Path(path)
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
         if not self.path.is_dir():
-            raise ValueError(f"{self.path}: not a directory; --rescore takes a Hugging Face model directory "
-                             "(what save_pretrained writes)")
+            raise InputFileError(f"{self.path}: not a directory; --rescore takes a Hugging Face model directory "
+                                 "(what save_pretrained writes)")
         if not (self.path / "config.json").is_file():
-            raise ValueError(f"{self.path} has no config.json: not a Hugging Face model directory "
-                             "(what save_pretrained writes)")
+            raise InputFileError(f"{self.path} has no config.json: not a Hugging Face model directory "
+                                 "(what save_pretrained writes)")
         transformers = _transformers()
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
@@ -65,27 +66,27 @@ class CausalLMScorer:
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{self.path}: no tokenizer that AutoTokenizer loads ({_reason(e)})") from None
+            raise InputFileError(f"{self.path}: no tokenizer that AutoTokenizer loads ({_reason(e)})") from None
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True,
                                                                       dtype=self.dtype)
         except ValueError as e:
-            raise ValueError(f"{self.path}: not a causal LM that AutoModelForCausalLM loads ({_reason(e)}); "
-                             "--rescore takes a decoder LM such as OPT, Llama, Mistral or GPT-2") from None
+            raise InputFileError(f"{self.path}: not a causal LM that AutoModelForCausalLM loads ({_reason(e)}); "
+                                 "--rescore takes a decoder LM such as OPT, Llama, Mistral or GPT-2") from None
         except (OSError, KeyError, RuntimeError) as e:
-            raise ValueError(f"{self.path}: its weights do not load ({_reason(e)})") from None
+            raise InputFileError(f"{self.path}: its weights do not load ({_reason(e)})") from None
         self.model = model.to(self.device).eval()
         tok = self.tokenizer
         rows = self.model.get_input_embeddings().num_embeddings
         if len(tok) < 3:  # transformers builds an empty tokenizer where the files are missing
-            raise ValueError(f"{self.path}: its tokenizer is empty ({len(tok)} tokens): are the tokenizer files "
-                             "(tokenizer.json, vocab files) missing?")
+            raise InputFileError(f"{self.path}: its tokenizer is empty ({len(tok)} tokens): are the tokenizer files "
+                                 "(tokenizer.json, vocab files) missing?")
         if len(tok) > rows:
-            raise ValueError(f"{self.path}: its tokenizer has {len(tok)} tokens, the model embeds {rows}: "
-                             "not this model's tokenizer")
+            raise InputFileError(f"{self.path}: its tokenizer has {len(tok)} tokens, the model embeds {rows}: "
+                                 "not this model's tokenizer")
         self._start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
         if self._start is None:
-            raise ValueError(f"{self.path}: its tokenizer has neither a BOS nor an EOS token to start a sentence with")
+            raise InputFileError(f"{self.path}: its tokenizer has neither a BOS nor an EOS token to start a sentence with")
         self._end = tok.eos_token_id
         self.context: int | None = getattr(self.model.config, "max_position_embeddings", None)  # tokens
 
@@ -97,8 +98,8 @@ class CausalLMScorer:
         if self._end is not None and (len(ids) == 1 or ids[-1] != self._end):
             ids.append(self._end)
         if self.context is not None and len(ids) > self.context:
-            raise ValueError(f"{self.path}: a hypothesis of {len(ids)} tokens ({sentence[:60]!r}...) is longer than "
-                             f"the model's context of {self.context} tokens: rescore with a model of a longer context")
+            raise InputFileError(f"{self.path}: a hypothesis of {len(ids)} tokens ({sentence[:60]!r}...) is longer than "
+                                 f"the model's context of {self.context} tokens: rescore with a model of a longer context")
         return ids
 
     @torch.inference_mode()
@@ -127,7 +128,7 @@ class CausalLMScorer:
         try:
             logits = self.model(input_ids=tokens, attention_mask=mask).logits[:, :-1].float()  # (B, L-1, V)
         except RuntimeError as e:  # torch.OutOfMemoryError, mostly
-            raise ValueError(f"{self.path}: the model failed on {len(rows)} hypotheses of up to {width} tokens "
-                             f"({_reason(e)}); a smaller --rescore-batch needs less memory") from None
+            raise B2tError(f"{self.path}: the model failed on {len(rows)} hypotheses of up to {width} tokens "
+                           f"({_reason(e)}); a smaller --rescore-batch needs less memory") from None
         picked = logits.log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]  # (B, L-1)
         return (picked * mask[:, 1:]).sum(1).cpu().tolist()

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from b2t.atomic import atomic_write_text
+from b2t.errors import InputFileError, MissingInput, UsageError
 from b2t.words.nbest import Hypothesis, Weights
 
 WEIGHTS_KIND = "b2t-eval n-best weights"
@@ -85,7 +86,7 @@ class NBestTable:
     def __init__(self, nbests: Sequence[Sequence[Hypothesis]], edits: Sequence[Sequence[int]],
                  searched: Weights) -> None:
         if not nbests or any(not n for n in nbests):
-            raise ValueError("tuning needs at least one trial, each with at least one hypothesis")
+            raise UsageError("tuning needs at least one trial, each with at least one hypothesis")
         self.searched = searched
         width = max(map(len, nbests))
         shape = (len(nbests), width)
@@ -124,10 +125,10 @@ def tune(table: NBestTable, reference_words: int, default: Weights | None = None
     hypothesis has a neural score.
     """
     if reference_words < 1:
-        raise ValueError("tuning needs trials with reference sentences (a labelled split such as val)")
+        raise UsageError("tuning needs trials with reference sentences (a labelled split such as val)")
     default = default or table.searched
     if default.neural_weight and not table.has_neural:
-        raise ValueError("the default weights weigh a neural LM score the n-best lists do not have")
+        raise UsageError("the default weights weigh a neural LM score the n-best lists do not have")
     neural = grid.neural_weight if table.has_neural else (0.0,)
     steps = {"lm_weight": _spacing(grid.lm_weight), "word_score": _spacing(grid.word_score),
              "neural_weight": _spacing(neural) if table.has_neural else 0.0}
@@ -204,20 +205,20 @@ def load_weights(path: Path) -> WeightsFile:
     try:
         d = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"weights file {path} does not exist") from None
+        raise MissingInput(f"weights file {path} does not exist") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a weights file that b2t-eval --tune writes ({e})") from None
+        raise InputFileError(f"{path}: not a weights file that b2t-eval --tune writes ({e})") from None
     if not isinstance(d, dict) or d.get("kind") != WEIGHTS_KIND:
-        raise ValueError(f"{path}: not a weights file that b2t-eval --tune writes (no kind {WEIGHTS_KIND!r})")
+        raise InputFileError(f"{path}: not a weights file that b2t-eval --tune writes (no kind {WEIGHTS_KIND!r})")
     if d.get("version") != WEIGHTS_VERSION:
-        raise ValueError(f"{path}: weights file version {d.get('version')!r}; this b2t reads version {WEIGHTS_VERSION}")
+        raise InputFileError(f"{path}: weights file version {d.get('version')!r}; this b2t reads version {WEIGHTS_VERSION}")
     try:
         weights = Weights(**{k: float(d["weights"][k]) for k in ("lm_weight", "neural_weight", "word_score")})
         search, nbest = dict(d["search"]), int(d["nbest"])
         lm, rescore = d.get("lm"), d.get("rescore")
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: a weights file with a missing or malformed field ({e!r})") from None
+        raise InputFileError(f"{path}: a weights file with a missing or malformed field ({e!r})") from None
     if nbest < 1:
-        raise ValueError(f"{path}: nbest must be >= 1, got {nbest}")
+        raise InputFileError(f"{path}: nbest must be >= 1, got {nbest}")
     return WeightsFile(weights=weights, search=search, nbest=nbest, lm=lm, rescore=rescore,
                        tuned_on=dict(d.get("tuned_on") or {}))
