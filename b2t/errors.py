@@ -3,7 +3,7 @@
 Bad input, an unusable path, device or dataset, options that do not go together, a run
 directory in the wrong state: the user's to fix, so each is said in one line (what, where,
 what to do). Every class of such failure derives from `B2tError`, and the command-line rule
-(`b2t.cli_errors`) turns exactly these, and OS errors, into `error: ...` with exit code 2.
+(`b2t.cli.rule`) turns exactly these, and OS errors, into `error: ...` with exit code 2.
 Anything else that reaches it is a bug in b2t, said as one: a line that asks for a report, or
 the traceback with `B2T_DEBUG=1`.
 

@@ -17,11 +17,11 @@ from b2t import signals
 SCRIPTS = {
     "b2t-synth": "preprocess.synth:main",
     "b2t-preprocess": "preprocess.cli:main",
-    "b2t-train": "b2t.cli:train_main",
-    "b2t-lm": "b2t.words.cli:main",
-    "b2t-eval": "b2t.eval_cli:eval_main",
-    "b2t-import-baseline": "b2t.eval_cli:import_main",
-    "b2t-report": "b2t.report:main",
+    "b2t-train": "b2t.cli.train:train_main",
+    "b2t-lm": "b2t.cli.lm:main",
+    "b2t-eval": "b2t.cli.eval:eval_main",
+    "b2t-import-baseline": "b2t.cli.import_baseline:import_main",
+    "b2t-report": "b2t.cli.report:main",
 }
 """Each console script's click command, as `module:attribute`."""
 

@@ -6,7 +6,7 @@ SIGTERM killed b2t-train with no checkpoint and no word, and b2t-preprocess's pa
 its workers left running; SIGINT raised KeyboardInterrupt wherever the main thread was,
 inside dynamo's tracer (a 114-line traceback) or a gc callback (swallowed: the run went on).
 
-The one policy, installed by every b2t command (`b2t.cli_errors.Command`; a console script's
+The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a console script's
 `b2t.launch` installs it before the command's seconds of imports):
 - By default a signal stops the command at once, at the next Python instruction of the
   main thread: child processes are killed, the command's `cleanup`s run (b2t-preprocess

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Group
+from b2t.cli.rule import Group
 from b2t.config import load_config
 from b2t.data.manifest import MANIFEST_NAME, SPLITS
 from b2t.paths import Place, RegularFile, refuse_clashes

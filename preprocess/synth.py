@@ -37,7 +37,7 @@ import click
 import h5py
 import numpy as np
 
-from b2t.cli_errors import Command
+from b2t.cli.rule import Command
 from b2t.errors import UsageError
 from b2t.phonemes import PHONEMES
 from preprocess.hdf5_source import SPLIT_FILES

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from b2t.cli.lm import main as lm_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.train.loop import RunOptions, train
-from b2t.words.cli import main as lm_main
 from preprocess.cli import main as preprocess_main
 from preprocess.synth import main as synth_main
 

@@ -22,13 +22,13 @@ from webdataset import TarWriter
 
 from b2t import report
 from b2t.atomic import atomic_file
-from b2t.cli_errors import os_error_line
+from b2t.cli.eval import eval_main
+from b2t.cli.rule import os_error_line
 from b2t.config import TINY_CONFIG, ConfigError, DataConfig, load_config, parse_yaml
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, file_sha256
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample, encode_sample
-from b2t.eval_cli import eval_main
 from b2t.import_baseline import BaselineError, load_baseline
 from b2t.train.checkpoint import TrainState, save_checkpoint
 from b2t.train.loop import RunOptions, TrainingError, _resume_state, train

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from b2t.cli.eval import eval_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.data.manifest import Manifest
-from b2t.eval_cli import eval_main
 from b2t.model.registry import build_model
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, read_state, save_checkpoint

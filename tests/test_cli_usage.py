@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from b2t import launch
 from b2t.atomic import is_temp_name
-from b2t.words.cli import main as lm_main
+from b2t.cli.lm import main as lm_main
 from preprocess.cli import main as preprocess_main
 
 SCRIPTS = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.value.split(".")[0] in ("b2t", "preprocess")}

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import h5py
 from click.testing import CliRunner
 
+from b2t.cli.eval import eval_main
+from b2t.cli.report import main as report_main
 from b2t.data.manifest import Manifest
-from b2t.eval_cli import eval_main
-from b2t.report import main as report_main
 from b2t.text import normalize_text
 
 if TYPE_CHECKING:

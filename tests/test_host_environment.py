@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from b2t.cli import train_main
+from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.data import loader
 from b2t.errors import B2tError

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from torch import nn
 from torch.nn.modules.rnn import GRU as TorchGRU  # `import torch_xla` rebinds nn.GRU to a CPU-less class
 
+from b2t.cli.import_baseline import import_main
 from b2t.config import Config, config_from_dict
 from b2t.data.manifest import Manifest
-from b2t.eval_cli import import_main
 from b2t.import_baseline import BaselineError, config_from_args, import_baseline
 from b2t.model.decoder import CTC_HEAD, GRUDecoder
 from b2t.model.registry import build_model

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from b2t.cli import train_main
+from b2t.cli.eval import eval_main
+from b2t.cli.import_baseline import import_main
+from b2t.cli.lm import main as lm_main
+from b2t.cli.report import main as report_main
+from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG
-from b2t.eval_cli import eval_main, import_main
 from b2t.paths import Place, clash, refuse_clashes
-from b2t.report import main as report_main
-from b2t.words.cli import main as lm_main
 from preprocess.cli import main as preprocess_main
 from preprocess.synth import main as synth_main
 

@@ -10,7 +10,8 @@ import random
 
 from click.testing import CliRunner
 
-from b2t.report import curves, load_curves, load_eval, main
+from b2t.cli.report import main
+from b2t.report import curves, load_curves, load_eval
 from b2t.report_figure import figure
 from b2t.train.metrics_log import MetricsLog, read_records
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from b2t import run_lock
-from b2t.cli import train_main
+from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.run_lock import DATASET_LOCK, RUN_LOCK, LockedError, exclusive, reading_dataset, shared
 from b2t.train.loop import RunOptions, train

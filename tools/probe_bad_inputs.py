@@ -8,7 +8,7 @@ command (`b2t-preprocess`, `b2t-train`, `b2t-eval`, `b2t-import-baseline`, `b2t-
     clear error        non-zero exit, no traceback, the message names what it must (file, key, line)
     accepted           exit 0 where accepting is the design (e.g. `lr: 1e-3`), and the result checks out
     traceback          a Python traceback reached the user
-    internal error     the command said a bug in b2t stopped it (b2t.cli_errors), not the input
+    internal error     the command said a bug in b2t stopped it (b2t.cli.rule), not the input
     silent             exit 0 although the input is bad, or a check of the result failed
     lost               something the user had (a model, a run, their own files) was destroyed
     hang               the command did not end within the probe's time limit

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Command, UserError
+from b2t.cli.rule import Command, UserError
 
 
 @click.command(cls=Command)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from b2t.cli import train_main
+from b2t.cli.train import train_main
 from b2t.tpu.side_by_side import HostMemory, compile_all, default_jobs, resident_bytes
 from b2t.tpu.targets import parse_target
 

@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from b2t.cli import train_main
+from b2t.cli.report import main as report_main
+from b2t.cli.train import train_main
 from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.model.registry import FAMILIES
-from b2t.report import main as report_main
 from b2t.train.backend import Backend, make_backend
 from b2t.train.loop import RunOptions, TrainingError, run_model, train
 from b2t.train.metrics_log import TENSORBOARD_DIR

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.cli import train_main
+from b2t.cli.train import train_main
 from b2t.config import BASELINE_CONFIG, CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters

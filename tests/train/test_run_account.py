@@ -11,10 +11,10 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from b2t.cli import train_main
+from b2t.cli.report import main as report_main
+from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG
 from b2t.report import load_curves
-from b2t.report import main as report_main
 from b2t.report_figure import figure
 from b2t.train import loop
 from b2t.train.rates import StepClock

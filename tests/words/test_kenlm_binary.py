@@ -9,10 +9,10 @@ from click.testing import CliRunner
 from flashlight.lib.text.decoder.kenlm import KenLM
 from flashlight.lib.text.dictionary import Dictionary
 
-from b2t.eval_cli import eval_main
+from b2t.cli.eval import eval_main
+from b2t.cli.lm import main
 from b2t.words import kenlm_binary
 from b2t.words.beam import WordDecoder
-from b2t.words.cli import main
 from b2t.words.kenlm_binary import BuildBinaryError, kenlm_reason, write_binary_lm
 from b2t.words.ngram import KENLM_BINARY_MAGIC, UNK, build_arpa, check_arpa
 from tests.words.test_beam import LEXICON, confused, emissions, phonemes_of, sentences

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from b2t.cli.lm import main
 from b2t.phonemes import PHONEME_IDS
-from b2t.words.cli import main
 from b2t.words.lexicon import Lexicon, LexiconError, cmu_lexicon, load_lexicon
 
 

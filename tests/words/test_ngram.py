@@ -8,7 +8,7 @@ from flashlight.lib.text.decoder.kenlm import KenLM
 from flashlight.lib.text.dictionary import Dictionary
 from hypothesis import given
 
-from b2t.words.cli import main
+from b2t.cli.lm import main
 from b2t.words.ngram import BOS, EOS, NEVER_LOG10, UNK, build_arpa, corpus_vocabulary
 from tests.strategies import corpora
 

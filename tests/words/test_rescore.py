@@ -13,7 +13,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from b2t.eval_cli import eval_main
+from b2t.cli.eval import eval_main
 from b2t.words.rescore import INSTALL_HINT, CausalLMScorer
 from tests.words.test_beam import sentences
 

@@ -1,4 +1,4 @@
-"""Thin click entry points; the work lives in b2t.train and b2t.evaluate."""
+"""`b2t-train`: DATASET -> a compiled, trained run in RUN_DIR (the work lives in b2t.train)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,11 @@ from pathlib import Path
 
 import click
 
-from b2t.cli_errors import Command
+from b2t.cli.options import config_option, set_option
+from b2t.cli.rule import Command
 from b2t.config import BACKENDS, XLA_BACKENDS, Config, load_config
 from b2t.errors import UsageError
 from b2t.paths import Place, RegularFile, refuse_clashes
-
-config_option = click.option(
-    "--config", "config_path", type=RegularFile(),
-    help="YAML config (configs/baseline.yaml is the reference recipe, configs/tiny.yaml the demo).",
-)
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-    help="Override one config value, e.g. --set train.steps=500 (repeatable).",
-)
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from b2t.atomic import atomic_write_text
-from b2t.cli_errors import Group
+from b2t.cli.rule import Group
 from b2t.errors import B2tError, InputFileError
 from b2t.paths import Place, RegularFile, refuse_clashes
 from b2t.words.kenlm_binary import BINARY_SUFFIXES, write_binary_lm
