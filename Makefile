@@ -1,7 +1,7 @@
 # Two entry points: `make demo` and `make test`. Both install into .venv first when needed.
 # TARGET=tpu (the default on a host with a TPU) also installs the TPU runtime (the `tpu`
 # extra: torch_xla[tpu], which pins libtpu) and runs on PJRT_DEVICE=TPU; TARGET=cpu installs
-# libtpu only as the TPU compiler for `b2t-train --plan --target` (the `tpu-compile` extra).
+# libtpu only as the TPU compiler for `b2t-plan --target` (the `tpu-compile` extra).
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 DEMO    ?= demo_out

@@ -18,6 +18,7 @@ SCRIPTS = {
     "b2t-synth": "preprocess.synth:main",
     "b2t-preprocess": "preprocess.cli:main",
     "b2t-train": "b2t.cli.train:train_main",
+    "b2t-plan": "b2t.cli.plan:plan_main",
     "b2t-lm": "b2t.cli.lm:main",
     "b2t-eval": "b2t.cli.eval:eval_main",
     "b2t-import-baseline": "b2t.cli.import_baseline:import_main",
@@ -47,6 +48,10 @@ def preprocess() -> None:
 
 def train() -> None:
     _launch("b2t-train")
+
+
+def plan() -> None:
+    _launch("b2t-plan")
 
 
 def lm() -> None:

@@ -20,14 +20,21 @@ SCRIPTS = {ep.name: ep for ep in entry_points(group="console_scripts") if ep.val
 COMMANDS = {name: launch.command(name) for name in SCRIPTS}
 
 
+def _needs_arguments(command: click.Command) -> bool:
+    return isinstance(command, click.Group) or any(isinstance(p, click.Argument) and p.required
+                                                   for p in command.params)
+
+
 def invocations() -> list[tuple[str, list[str]]]:
-    """Each command line (group subcommands included) with a bad option, and with no argument."""
+    """Each command line (group subcommands included) with a bad option, and with no argument
+    where it needs one (b2t-plan without DATASET plans for the competition's data)."""
     cases = []
     for name in sorted(COMMANDS):
         command = COMMANDS[name]
-        subs = [[]] + ([[s] for s in command.commands] if isinstance(command, click.Group) else [])
-        for sub in subs:
-            cases += [(name, [*sub, "--no-such-option"]), (name, sub)]
+        subs = [([], command)] + ([([s], c) for s, c in command.commands.items()] if isinstance(command, click.Group)
+                                  else [])
+        for sub, sub_command in subs:
+            cases += [(name, [*sub, "--no-such-option"])] + [(name, sub)] * _needs_arguments(sub_command)
     return cases
 
 

@@ -86,7 +86,7 @@ def test_15_the_tpu_runtime_asked_for_on_a_host_without_a_tpu(monkeypatch):
 
 
 def test_15_libtpus_start_up_noise_is_caught_and_shown_only_on_failure(capfd):
-    """Every successful `--plan --target` printed `E0000 ... INVALID_ARGUMENT` lines from libtpu's C++."""
+    """Every successful `b2t-plan --target` printed `E0000 ... INVALID_ARGUMENT` lines from libtpu's C++."""
     with compiler._start_up_noise_caught():
         os.write(2, b"E0000 INVALID_ARGUMENT: unexpected worker hostname\n")
     assert capfd.readouterr().err == ""

@@ -1,7 +1,7 @@
 """Where the TPU compile time of b2t's graphs goes: per part of the step, HLO instructions and
 the TPU compiler's time.
 
-Each case traces one graph of the trainer as `b2t-train --plan --target` does
+Each case traces one graph of the trainer as `b2t-plan --target` does
 (`b2t.tpu.capture`), with every instruction tagged by the part of the step that traced it
 (`hlo_parts.tagged`), compiles it with libtpu for the target with its per-kernel log on, and
 prints one JSON line: instructions per part (and inside while-loop bodies), the compiler's

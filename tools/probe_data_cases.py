@@ -191,16 +191,16 @@ def _other_config(ws: Workspace, d: Path) -> Case:
 
 
 def config_file(text: str | bytes, *names: str) -> Callable[[Workspace, Path], Case]:
-    """A b2t-train --plan probe (no data, nothing compiled) with this config file."""
+    """A b2t-plan probe (no data, nothing compiled) with this config file."""
     def make(ws: Workspace, d: Path) -> Case:
         path = d / "c.yaml"
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        return ["--plan", "--config", str(path)], [str(path), *names]
+        return ["--config", str(path)], [str(path), *names]
     return make
 
 
 def override(*items: str, names: tuple[str, ...] = ()) -> Callable[[Workspace, Path], Case]:
-    return lambda ws, d: (["--plan", "--config", str(TINY_CONFIG), *sets(*items)], list(names))
+    return lambda ws, d: (["--config", str(TINY_CONFIG), *sets(*items)], list(names))
 
 
 OUTPUT_AND_CONFIG_PROBES = [
@@ -209,35 +209,35 @@ OUTPUT_AND_CONFIG_PROBES = [
     Probe("OUT made with another config", "b2t-preprocess", _other_config),
     Probe("SRC a regular file", "b2t-preprocess", _src_a_file),
     Probe("SRC missing", "b2t-preprocess", lambda ws, d: (preprocess_args(d / "nowhere", d / "out"), [str(d / "nowhere")])),
-    Probe("--config a missing file", "b2t-train",
-          lambda ws, d: (["--plan", "--config", str(d / "missing.yaml")], [str(d / "missing.yaml")])),
-    Probe("unknown config key", "b2t-train", config_file("optim:\n  learning_rate: 0.1\n", "learning_rate")),
-    Probe("unknown config section", "b2t-train", config_file("optimiser:\n  lr: 0.1\n", "optimiser")),
-    Probe("string for an integer", "b2t-train", config_file("train:\n  steps: many\n", "train.steps")),
-    Probe("true for an integer", "b2t-train", config_file("train:\n  steps: true\n", "train.steps")),
-    Probe("float for an integer", "b2t-train", config_file("train:\n  steps: 2.5\n", "train.steps")),
-    Probe("list for a number", "b2t-train", config_file("optim:\n  lr: [1, 2]\n", "optim.lr")),
-    Probe("section given a value", "b2t-train", config_file("optim: 3\n", "optim")),
-    Probe("null for a number", "b2t-train", config_file("optim:\n  lr: null\n", "optim.lr")),
-    Probe("number for a string", "b2t-train", config_file("train:\n  backend: 3\n", "train.backend")),
-    Probe("negative learning rate", "b2t-train", config_file("optim:\n  lr: -0.1\n", "optim.lr")),
-    Probe("NaN learning rate", "b2t-train", config_file("optim:\n  lr: .nan\n", "optim.lr")),
-    Probe("duplicate key in YAML", "b2t-train", config_file("optim:\n  lr: 0.1\n  lr: 0.2\n", "c.yaml:3", "lr")),
-    Probe("out-of-range value", "b2t-train", config_file("data:\n  n_buckets: 0\n", "data.n_buckets")),
-    Probe("unknown backend", "b2t-train", config_file("train:\n  backend: tpu\n", "train.backend")),
-    Probe("empty config file (case 7)", "b2t-train", config_file("# nothing\n", "empty")),
-    Probe("malformed YAML (case 14)", "b2t-train", config_file("optim:\n  lr: [0.1\ntrain:\n", "c.yaml:")),
+    Probe("--config a missing file", "b2t-plan",
+          lambda ws, d: (["--config", str(d / "missing.yaml")], [str(d / "missing.yaml")])),
+    Probe("unknown config key", "b2t-plan", config_file("optim:\n  learning_rate: 0.1\n", "learning_rate")),
+    Probe("unknown config section", "b2t-plan", config_file("optimiser:\n  lr: 0.1\n", "optimiser")),
+    Probe("string for an integer", "b2t-plan", config_file("train:\n  steps: many\n", "train.steps")),
+    Probe("true for an integer", "b2t-plan", config_file("train:\n  steps: true\n", "train.steps")),
+    Probe("float for an integer", "b2t-plan", config_file("train:\n  steps: 2.5\n", "train.steps")),
+    Probe("list for a number", "b2t-plan", config_file("optim:\n  lr: [1, 2]\n", "optim.lr")),
+    Probe("section given a value", "b2t-plan", config_file("optim: 3\n", "optim")),
+    Probe("null for a number", "b2t-plan", config_file("optim:\n  lr: null\n", "optim.lr")),
+    Probe("number for a string", "b2t-plan", config_file("train:\n  backend: 3\n", "train.backend")),
+    Probe("negative learning rate", "b2t-plan", config_file("optim:\n  lr: -0.1\n", "optim.lr")),
+    Probe("NaN learning rate", "b2t-plan", config_file("optim:\n  lr: .nan\n", "optim.lr")),
+    Probe("duplicate key in YAML", "b2t-plan", config_file("optim:\n  lr: 0.1\n  lr: 0.2\n", "c.yaml:3", "lr")),
+    Probe("out-of-range value", "b2t-plan", config_file("data:\n  n_buckets: 0\n", "data.n_buckets")),
+    Probe("unknown backend", "b2t-plan", config_file("train:\n  backend: tpu\n", "train.backend")),
+    Probe("empty config file (case 7)", "b2t-plan", config_file("# nothing\n", "empty")),
+    Probe("malformed YAML (case 14)", "b2t-plan", config_file("optim:\n  lr: [0.1\ntrain:\n", "c.yaml:")),
     Probe("malformed YAML in b2t-preprocess (case 14)", "b2t-preprocess",
           lambda ws, d: ((d / "c.yaml").write_text("data: {n_buckets: 2\n") and None
                          or [str(ws.src), str(d / "out"), "--config", str(d / "c.yaml")], [str(d / "c.yaml")])),
-    Probe("config file a YAML list", "b2t-train", config_file("- optim\n", "mapping")),
-    Probe("non-UTF-8 config file", "b2t-train", config_file(b"optim:\n  lr: 0.1 \xff\n", "UTF-8")),
-    Probe("lr: 1e-3 in a file (case 17)", "b2t-train", config_file("optim:\n  lr: 1e-3\n  eps: -1E-4\n"),
+    Probe("config file a YAML list", "b2t-plan", config_file("- optim\n", "mapping")),
+    Probe("non-UTF-8 config file", "b2t-plan", config_file(b"optim:\n  lr: 0.1 \xff\n", "UTF-8")),
+    Probe("lr: 1e-3 in a file (case 17)", "b2t-plan", config_file("optim:\n  lr: 1e-3\n  eps: -1E-4\n"),
           expect="ok"),
-    Probe("--set optim.lr=1e6 (case 17)", "b2t-train", override("optim.lr=1e6", "optim.lr_day=.5"), expect="ok"),
-    Probe("--set without a section", "b2t-train", override("lr=0.1", names=("lr=0.1",))),
-    Probe("--set with a malformed value", "b2t-train", override("optim.lr=[", names=("optim.lr=[",))),
-    Probe("--set an unknown key", "b2t-train", override("optim.learning_rate=0.1", names=("learning_rate",))),
+    Probe("--set optim.lr=1e6 (case 17)", "b2t-plan", override("optim.lr=1e6", "optim.lr_day=.5"), expect="ok"),
+    Probe("--set without a section", "b2t-plan", override("lr=0.1", names=("lr=0.1",))),
+    Probe("--set with a malformed value", "b2t-plan", override("optim.lr=[", names=("optim.lr=[",))),
+    Probe("--set an unknown key", "b2t-plan", override("optim.learning_rate=0.1", names=("learning_rate",))),
 ]
 
 

@@ -125,7 +125,7 @@ def _fifo_session_file(ws: Workspace, d: Path) -> Case:
 
 FIFO_PROBES = [
     Probe("a FIFO named data_val.hdf5 (case 16)", "b2t-preprocess", _fifo_session_file, timeout=300),
-    Probe("--config a FIFO", "b2t-train", lambda ws, d: (["--plan", "--config", str(_fifo(d / "c.yaml"))],
+    Probe("--config a FIFO", "b2t-plan", lambda ws, d: (["--config", str(_fifo(d / "c.yaml"))],
                                                          [str(d / "c.yaml"), "FIFO"]), timeout=300),
     Probe("b2t-lm build on a FIFO corpus", "b2t-lm",
           lambda ws, d: (["build", str(_fifo(d / "c.txt")), "-o", str(d / "lm.arpa")], [str(d / "c.txt")]), timeout=300),

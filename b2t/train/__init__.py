@@ -9,5 +9,5 @@ up front, the warm-up's snapshot), `step` (the one step function), `warmup` (eve
 compiled before the first step) and `warmup_progress` (its numbered lines and records), `rates`
 (where a run's time goes), `summary` (the end's lines), `checkpoint` (atomic, pickle-free checkpoints),
 `init_from` (fine-tuning from another run's weights), `metrics_log` (metrics.jsonl and
-TensorBoard), `plan` (the memory planner of `--plan`) and `loop` (the `b2t-train` run).
+TensorBoard), `plan` (the memory planner of `b2t-plan`) and `loop` (the `b2t-train` run).
 """

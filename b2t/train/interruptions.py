@@ -80,4 +80,4 @@ def out_of_memory_line(where: str, e: BaseException) -> str:
     """One line for an allocation failure `e` in `where` (e.g. 'step 12')."""
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
     return (f"out of memory in {where} ({first[:160]}): lower data.batch_size or data.token_budget (then re-run "
-            "b2t-preprocess) or the model's sizes; `b2t-train --plan --device-memory SIZE` estimates what fits")
+            "b2t-preprocess) or the model's sizes; `b2t-plan --device-memory SIZE` estimates what fits")

@@ -22,7 +22,7 @@ fsdp > 1, sharded over `fsdp` of them as `b2t.train.mesh.shard_dim` splits them)
                workspace one more copy of the largest activation. Element-wise joins
                between parts (the noise family's patches - estimate) are not counted.
 
-It is a model of what the graph holds, not a measurement: `b2t-train --plan --target`
+It is a model of what the graph holds, not a measurement: `b2t-plan --target`
 (`b2t.tpu`) compiles the real step with the TPU compiler and prints both side by side.
 
 Shape legend: r rows per device, T bins, P patches, F = 512 features, H hidden units,
@@ -58,7 +58,7 @@ DEFAULT_HEADROOM = 0.1
 COMPETITION_DAYS = 45
 COMPETITION_BUCKETS = (BucketShape(T=498, B=64, L=48), BucketShape(T=798, B=64, L=64),
                        BucketShape(T=1198, B=64, L=72), BucketShape(T=2498, B=64, L=88))
-"""What `--plan` assumes without a dataset: the Brain-to-Text '25 data's 45 sessions and a
+"""What `b2t-plan` assumes without a dataset: the Brain-to-Text '25 data's 45 sessions and a
 bucket table like its own (trials of 100-2,500 bins, phoneme sequences up to about 80)."""
 
 
@@ -288,7 +288,7 @@ def _size(n: int) -> str:
 
 
 def format_plan(plan: MemoryPlan, cfg: Config) -> str:
-    """The plan as the text `b2t-train --plan` prints."""
+    """The plan as the text `b2t-plan` prints."""
     lines = [_layout_line(plan),
              f"parameters: {plan.n_params:,} ({', '.join(f'{k} {v:,}' for k, v in plan.parts.items())})", "",
              "buckets (T x B, L labels; rows per device; activations per device):"]

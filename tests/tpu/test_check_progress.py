@@ -1,4 +1,4 @@
-"""`b2t-train --plan --target` shows its table as it goes: each step's row as soon as that step
+"""`b2t-plan --target` shows its table as it goes: each step's row as soon as that step
 is compiled, with k/N and an expected time in the line before it (the compiler is faked here;
 tests/tpu/test_compile.py and test_side_by_side.py run the real one)."""
 

@@ -1,4 +1,4 @@
-"""b2t.tpu.side_by_side: `--plan --target` compiles its graphs side by side, with the same verdicts
+"""b2t.tpu.side_by_side: `b2t-plan --target` compiles its graphs side by side, with the same verdicts
 as one after the other, and says what each concurrent compile costs in host memory."""
 
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from b2t.cli.plan import plan_main
 from b2t.cli.train import train_main
 from b2t.tpu.side_by_side import HostMemory, compile_all, default_jobs, resident_bytes
 from b2t.tpu.targets import parse_target
@@ -40,10 +41,12 @@ def test_no_jobs_is_refused():
         compile_all(parse_target("v5e-1"), [], 0, print)
 
 
-def test_jobs_is_a_plan_target_option_and_at_least_one(tmp_path):
+def test_jobs_is_a_target_option_of_b2t_plan_and_at_least_one(tmp_path):
+    r = CliRunner().invoke(plan_main, ["--jobs", "2"])
+    assert r.exit_code == 2 and "--fit and --jobs go with --target SLICE" in r.output
     r = CliRunner().invoke(train_main, [str(tmp_path), str(tmp_path / "run"), "--jobs", "2"])
-    assert r.exit_code != 0 and "--target, --fit and --jobs are --plan options" in r.output
-    r = CliRunner().invoke(train_main, ["--plan", "--target", "v5e-1", "--jobs", "0"])
+    assert r.exit_code == 2 and "No such option '--jobs'" in r.output, "planning is b2t-plan's"
+    r = CliRunner().invoke(plan_main, ["--target", "v5e-1", "--jobs", "0"])
     assert r.exit_code == 2 and "--jobs" in r.output and "0" in r.output
 
 

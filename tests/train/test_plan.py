@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2t.cli.train import train_main
+from b2t.cli.plan import plan_main
 from b2t.config import BASELINE_CONFIG, CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import count_parameters
@@ -128,22 +128,22 @@ def test_bad_memory_size_says_how_to_write_it():
         parse_bytes("sixteen gigs")
 
 
-def test_cli_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
+def test_b2t_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
     from b2t.data.manifest import Manifest
     from preprocess.synth import SynthSpec, write_dataset
     from preprocess.writer import prepare_dataset
 
     write_dataset(SynthSpec(sessions=2, train_trials=8, val_trials=2, test_trials=2, seed=4), tmp_path / "hdf5")
     prepare_dataset(tmp_path / "hdf5", tmp_path / "shards", TINY, splits=("train",), workers=1, progress=False)
-    result = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
-                                             "--plan", "--devices", "4", "--device-memory", "1GiB"])
+    result = CliRunner().invoke(plan_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
+                                            "--devices", "4", "--device-memory", "1GiB"])
     assert result.exit_code == 0, result.output
     for b in Manifest.load(tmp_path / "shards").buckets:
         assert f"T={b.T:5d} B={b.B:4d} L={b.L:3d}  rows/device {b.B // 4:4d}" in result.output
     assert "devices: 4" in result.output and "estimated peak" in result.output
     assert "largest micro-batch" in result.output and "recommended on 4 devices: --mesh" in result.output
-    sharded = CliRunner().invoke(train_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
-                                              "--plan", "--mesh", "data=2,fsdp=2"])
+    sharded = CliRunner().invoke(plan_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
+                                             "--mesh", "data=2,fsdp=2"])
     assert sharded.exit_code == 0, sharded.output
     assert "devices: 4, --mesh data=2,fsdp=2 (batch rows split over all 4; weights, gradients" in sharded.output
     assert not list(tmp_path.glob("*.safetensors"))
