@@ -23,6 +23,7 @@ SCRIPTS = {
     "b2t-eval": "b2t.cli.eval:eval_main",
     "b2t-import-baseline": "b2t.cli.import_baseline:import_main",
     "b2t-report": "b2t.cli.report:main",
+    "b2t-separation": "b2t.cli.separation:separation_main",
 }
 """Each console script's click command, as `module:attribute`."""
 
@@ -68,3 +69,7 @@ def import_baseline() -> None:
 
 def report() -> None:
     _launch("b2t-report")
+
+
+def separation() -> None:
+    _launch("b2t-separation")

@@ -38,7 +38,7 @@ import torch
 
 from b2t.config import AugmentConfig, config_from_dict
 from b2t.contract import FEATURE_DTYPE
-from b2t.errors import MissingInput, UsageError
+from b2t.errors import DatasetError, MissingInput, UsageError
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.layers import patches
 from b2t.model.noise_separating import NoiseSeparatingDecoder
@@ -195,7 +195,11 @@ def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
             tally = Tally()
             with h5py.File(path, "r") as f:
                 for name, g in f.items():
-                    parts = {k: v[()] for k, v in truth[f"{session}/{split}/{name}"].items()}
+                    key = f"{session}/{split}/{name}"
+                    if key not in truth:
+                        raise DatasetError(f"{truth_path} has no {key}: it is not the ground truth of {path}; "
+                                           "write both with one b2t-synth --ground-truth")
+                    parts = {k: v[()] for k, v in truth[key].items()}
                     n_labels = int(g.attrs["seq_len"])
                     tally += trial_tally(ckpt, day, g["input_features"][()], parts,
                                          g["seq_class_ids"][:n_labels].tolist(), estimate)

@@ -128,7 +128,7 @@ def timed(fn) -> float:
 def _stepper(name: str, manifest: Manifest, compute_dtype: str = "bf16") -> tuple[Stepper, torch.device]:
     backend = make_backend(name, "cpu" if name == "eager" else None)
     cfg = load_config(TINY_CONFIG, [f"train.backend={name}", f"train.compute_dtype={compute_dtype}"])
-    model = run_model(manifest, cfg, backend)
+    model = run_model(len(manifest.sessions), cfg, backend)
     return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
 
 

@@ -11,7 +11,6 @@ this process (so both meet the same machine load). Prints a markdown table: best
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 import click
 
 from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
+from b2t.run_dir import RunDir
 
 FAMILY_CONFIGS = {"gru": TINY_CONFIG, "noise_separating": CONFIG_DIR / "noise_tiny.yaml"}
 
@@ -49,7 +49,7 @@ def train_family(shards: Path, run: Path, config: Path, backend: str, steps: int
     shutil.rmtree(run, ignore_errors=True)  # a fresh run each time (a kept --workdir keeps only the dataset)
     device = "cpu" if backend in ("eager", "inductor") else None
     summary = train(shards, run, cfg, RunOptions(progress=False, device=device))
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = RunDir(run).records()
     rates = [r["steps_per_s"] for r in records if r["kind"] == "train"]  # stepping time only (b2t.train.rates)
     n_days = len(Manifest.load(shards).sessions)
     return {"per": summary["best_per"], "steps_per_s": statistics.median(rates),

@@ -31,6 +31,7 @@ from typing import Any
 import click
 
 from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
+from b2t.run_dir import RunDir
 
 NOISE_TINY = CONFIG_DIR / "noise_tiny.yaml"
 VARIANTS: dict[str, tuple[Path, list[str]]] = {
@@ -63,8 +64,7 @@ def make_dataset(work: Path, name: str, rank: int, **overrides: Any) -> tuple[Pa
 
 
 def _records(run: Path) -> list[dict[str, Any]]:
-    path = run / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return RunDir(run).records()
 
 
 def run_settings(variant: str, seed: int, steps: int, val_every: int, compute_dtype: str,

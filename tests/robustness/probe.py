@@ -18,8 +18,8 @@ command (`b2t-preprocess`, `b2t-train`, `b2t-eval`, `b2t-import-baseline`, `b2t-
 
 Everything runs on the CPU (eager backend, tiny config); about ten minutes on 2 cores.
 
-    python tools/probe_bad_inputs.py            # all probes, a table and the totals
-    python tools/probe_bad_inputs.py -k lm      # only probes whose name contains 'lm'
+    python -m tests.robustness.probe            # all probes, a table and the totals
+    python -m tests.robustness.probe -k lm      # only probes whose name contains 'lm'
 """
 
 from __future__ import annotations
@@ -29,15 +29,24 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
-from probe_base import MOUNTS, Probe, Skip, Workspace, argv, build_workspace, cli
-from probe_data_cases import HDF5_PROBES, OUTPUT_AND_CONFIG_PROBES, SHARD_PROBES
-from probe_fault_cases import CONCURRENCY_PROBES, HOST_PROBES, SIGNAL_PROBES
-from probe_path_cases import FIFO_PROBES, OUTPUT_PROBES, SYNTH_PROBES
-from probe_run_cases import CHECKPOINT_PROBES, DISK_PROBES, EVAL_PROBES, METRICS_AND_LM_PROBES, RUN_DIR_PROBES, RUN_PROBES
+
+from tests.robustness.data_cases import HDF5_PROBES, OUTPUT_AND_CONFIG_PROBES, SHARD_PROBES
+from tests.robustness.fault_cases import CONCURRENCY_PROBES, HOST_PROBES, SIGNAL_PROBES
+from tests.robustness.path_cases import FIFO_PROBES, OUTPUT_PROBES, SYNTH_PROBES
+from tests.robustness.probe_base import MOUNTS, Probe, Skip, Workspace, argv, build_workspace, cli
+from tests.robustness.run_cases import (
+    CHECKPOINT_PROBES,
+    DISK_PROBES,
+    EVAL_PROBES,
+    METRICS_AND_LM_PROBES,
+    RUN_DIR_PROBES,
+    RUN_PROBES,
+)
 
 PROBES = HDF5_PROBES + OUTPUT_AND_CONFIG_PROBES + SHARD_PROBES + RUN_PROBES + EVAL_PROBES + METRICS_AND_LM_PROBES + \
     DISK_PROBES + OUTPUT_PROBES + SYNTH_PROBES + FIFO_PROBES + RUN_DIR_PROBES + CHECKPOINT_PROBES + SIGNAL_PROBES + \
@@ -102,6 +111,24 @@ def unmount(below: Path) -> None:
         MOUNTS.remove(mount)
 
 
+def replay_all(chosen: list[Probe], root: Path, jobs: int,
+               on_row: Callable[[int, Probe, str, str], object] = lambda *_: None) -> list[tuple[str, str]]:
+    """(verdict, message) of every probe in `chosen`, `jobs` at a time, in a workspace under `root`;
+    `on_row(i, probe, verdict, message)` as soon as each is known, in order."""
+    ws = build_workspace(root / "workspace")
+    probes = Path(tempfile.mkdtemp(prefix="probes-", dir=root))
+    results = []
+    try:
+        with ThreadPoolExecutor(jobs) as pool:
+            for i, (verdict, message) in enumerate(pool.map(lambda ip: replay(ws, ip[1], probes / f"{ip[0]:03d}"),
+                                                            enumerate(chosen))):
+                results.append((verdict, message))
+                on_row(i, chosen[i], verdict, message)
+    finally:
+        unmount(root)
+    return results
+
+
 @click.command()
 @click.option("-k", "patterns", multiple=True, help="Only probes whose name contains this (repeatable: any of them).")
 @click.option("--jobs", default=2, show_default=True, help="Probes run at once.")
@@ -112,21 +139,17 @@ def main(patterns: tuple[str, ...], jobs: int, workdir: Path | None) -> None:
     chosen = [p for p in PROBES if not patterns or any(k.lower() in p.name.lower() for k in patterns)]
     root = workdir or Path(tempfile.mkdtemp(prefix="b2t-probe-"))
     root.mkdir(parents=True, exist_ok=True)
-    probes = Path(tempfile.mkdtemp(prefix="probes-", dir=root))
     t0 = time.perf_counter()
+    width = max(len(p.name) for p in chosen)
+    click.echo(f"{len(chosen)} probes, {jobs} at a time")
+
+    def row(i: int, probe: Probe, verdict: str, message: str) -> None:
+        click.echo(f"{i + 1:3d} {probe.cli:<19} {probe.name:<{width}}  "
+                   f"{verdict.upper() if verdict in BAD else verdict:<13} {message[:150]}")
+
     try:
-        ws = build_workspace(root / "workspace")
-        click.echo(f"workspace ready in {time.perf_counter() - t0:.0f} s; {len(chosen)} probes, {jobs} at a time")
-        width = max(len(p.name) for p in chosen)
-        results = []
-        with ThreadPoolExecutor(jobs) as pool:  # rows print in order, as soon as each is known
-            for i, (verdict, message) in enumerate(pool.map(lambda ip: replay(ws, ip[1], probes / f"{ip[0]:03d}"),
-                                                            enumerate(chosen))):
-                results.append((verdict, message))
-                click.echo(f"{i + 1:3d} {chosen[i].cli:<19} {chosen[i].name:<{width}}  "
-                           f"{verdict.upper() if verdict in BAD else verdict:<13} {message[:150]}")
+        results = replay_all(chosen, root, jobs, row)
     finally:
-        unmount(root)
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     totals = Counter(verdict for verdict, _ in results)

@@ -16,13 +16,12 @@ graphs again, so a try takes minutes).
 `stopped by SIGTERM at step N` with last.safetensors at step N (the step in flight kept:
 nothing lost), or that it stopped before its first step with nothing to keep.
 
-    python tools/kill_resume.py --tries 10
-    python tools/kill_resume.py --tries 10 --backend xla --signal term
+    python -m tests.robustness.kill_resume --tries 10
+    python -m tests.robustness.kill_resume --tries 10 --backend xla --signal term
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -32,11 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from b2t.config import TINY_CONFIG
+from b2t.run_dir import RunDir
 from b2t.train.checkpoint import read_state
 
 TRAIN = "from b2t.launch import train; train()"  # as the b2t-train script starts
@@ -63,17 +64,9 @@ def command(shards: Path, run: Path, resume: bool, backend: str) -> list[str]:
 
 
 def records(run: Path) -> list[dict]:
-    """metrics.jsonl's complete records (a line being written is left out)."""
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return out
+    """The run's complete records (a line being written is left out)."""
+    files = RunDir(run)
+    return files.scan()[0] if files.metrics.exists() else []
 
 
 def final_digest(run: Path) -> str | None:
@@ -116,7 +109,8 @@ def preempted(proc: subprocess.Popen, run: Path) -> str:
     if "during the warm-up" in last or last.startswith("stopped by SIGTERM; nothing partial"):
         return "before its first step: nothing to keep"
     m = STOPPED.search(last)
-    kept = read_state(run / "last.safetensors").step if (run / "last.safetensors").exists() else None
+    last = RunDir(run).last
+    kept = read_state(last).step if last.exists() else None
     if m is None or kept != int(m.group(1)):
         raise SystemExit(f"the stop line is {last!r}, last.safetensors holds step {kept}")
     return f"kept step {kept}"
@@ -132,14 +126,9 @@ def run_to_end(cmd: list[str]) -> None:
         raise SystemExit(f"{' '.join(cmd[3:5])}: exit {done.returncode}\n{done.stderr[-2000:]}")
 
 
-@click.command()
-@click.option("--tries", default=10, show_default=True)
-@click.option("--seed", default=0, show_default=True, help="Seeds the kill delays.")
-@click.option("--backend", type=click.Choice(["eager", "xla", "openxla"]), default="eager", show_default=True,
-              help="The training backend of every run.")
-@click.option("--signal", "how", type=click.Choice(["kill", "term"]), default="kill", show_default=True,
-              help="kill: SIGKILL (kill -9); term: SIGTERM, a preemption whose stop is checked too.")
-def main(tries: int, seed: int, backend: str, how: str) -> None:
+def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callable[[str], object] = print) -> int:
+    """How many of `tries` stopped-and-resumed runs end with the unbroken run's weights (see the
+    module docstring); each try's stops and outcome are `echo`ed."""
     os.environ.setdefault("PJRT_DEVICE", "CPU")  # the runs inherit it
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,7 +140,7 @@ def main(tries: int, seed: int, backend: str, how: str) -> None:
         reference = final_digest(work / "reference")
         run_time = records(work / "reference")[-1]["elapsed_s"]
         startup = max(wall - run_time, 0.0)
-        click.echo(f"{backend}: reference {wall:.1f} s uninterrupted ({startup:.1f} s start-up, {run_time:.1f} s run), "
+        echo(f"{backend}: reference {wall:.1f} s uninterrupted ({startup:.1f} s start-up, {run_time:.1f} s run), "
                    f"weights_sha256 {reference[:16]}...")
         same, killed = 0, 0
         for i in range(tries):
@@ -179,13 +168,24 @@ def main(tries: int, seed: int, backend: str, how: str) -> None:
             digest = final_digest(run)
             same += digest == reference
             killed += bool(kills)
-            click.echo(f"try {i + 1}: {'killed' if how == 'kill' else 'SIGTERM'} at "
+            echo(f"try {i + 1}: {'killed' if how == 'kill' else 'SIGTERM'} at "
                        f"{'; '.join(kills) or 'never (finished first)'} -> "
                        f"{'identical' if digest == reference else f'DIFFERENT {digest}'}")
             shutil.rmtree(run)
-    click.echo(f"{same}/{tries} reruns gave the reference's final weights ({killed} of the tries were stopped at "
-               "least once)")
-    if same != tries:
+    echo(f"{same}/{tries} reruns gave the reference's final weights ({killed} of the tries were stopped at "
+         "least once)")
+    return same
+
+
+@click.command()
+@click.option("--tries", default=10, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seeds the kill delays.")
+@click.option("--backend", type=click.Choice(["eager", "xla", "openxla"]), default="eager", show_default=True,
+              help="The training backend of every run.")
+@click.option("--signal", "how", type=click.Choice(["kill", "term"]), default="kill", show_default=True,
+              help="kill: SIGKILL (kill -9); term: SIGTERM, a preemption whose stop is checked too.")
+def main(tries: int, seed: int, backend: str, how: str) -> None:
+    if stop_and_resume(tries, seed, backend, how, click.echo) != tries:
         raise SystemExit(1)
 
 

@@ -1,4 +1,4 @@
-"""Probes of tools/probe_bad_inputs.py on faults around a run: signals, a second process beside it, the
+"""Probes of tests/robustness/probe.py on faults around a run: signals, a second process beside it, the
 host's limits (file descriptors, memory, devices, numba's cache), numbers and data shapes.
 
 A driver runs the probe's command its own way: `interrupted` sends SIGTERM or SIGINT once the
@@ -24,7 +24,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import psutil
-from probe_base import (
+
+from b2t.config import TINY_CONFIG
+from tests.robustness.probe_base import (
     Case,
     Driver,
     Probe,
@@ -38,8 +40,6 @@ from probe_base import (
     sets,
     train_args,
 )
-
-from b2t.config import TINY_CONFIG
 
 LONG = ("train.steps=12", "train.log_every=1", "train.checkpoint_every=100", "train.val_every=100")
 """A run long enough to be stopped mid-way, with no checkpoint of its own before its end."""

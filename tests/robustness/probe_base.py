@@ -1,4 +1,4 @@
-"""The shared parts of tools/probe_bad_inputs.py: its workspace, the Probe record and the command helpers."""
+"""The shared parts of tests/robustness/probe.py: its workspace, the Probe record and the command helpers."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Probes of tools/probe_bad_inputs.py on where commands write and what they read: outputs named like
+"""Probes of tests/robustness/probe.py on where commands write and what they read: outputs named like
 their inputs (a CSV onto its checkpoint, an LM onto its corpus, OUT inside SRC), b2t-synth's
 --overwrite beside the user's own files, and FIFOs or devices named as inputs."""
 
@@ -8,7 +8,18 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from probe_base import Case, Probe, Workspace, copy, eval_args, keep, preprocess_args, run_copy, train_args, unchanged
+from tests.robustness.probe_base import (
+    Case,
+    Probe,
+    Workspace,
+    copy,
+    eval_args,
+    keep,
+    preprocess_args,
+    run_copy,
+    train_args,
+    unchanged,
+)
 
 # --- outputs named like inputs -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Probes of tools/probe_bad_inputs.py on the data path: HDF5 sources, output folders, configs, shards and manifests."""
+"""Probes of tests/robustness/probe.py on the data path: HDF5 sources, output folders, configs, shards and manifests."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from probe_base import Case, Probe, Workspace, copy, eval_args, preprocess_args, sets, train_args, truncate
 
 from b2t.config import TINY_CONFIG
+from tests.robustness.probe_base import Case, Probe, Workspace, copy, eval_args, preprocess_args, sets, train_args, truncate
 
 # --- HDF5 sources ---------------------------------------------------------------------------------
 

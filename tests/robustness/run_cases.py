@@ -1,4 +1,4 @@
-"""Probes of tools/probe_bad_inputs.py on runs: resumes, checkpoints (damaged and crafted), run directories,
+"""Probes of tests/robustness/probe.py on runs: resumes, checkpoints (damaged and crafted), run directories,
 evaluation, LMs, baseline imports, metrics, full disks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from probe_base import (
+from tests.robustness.probe_base import (
     Case,
     Probe,
     Workspace,
