@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from b2t.config import config_from_dict
+from b2t.data.dataset import Dataset
 from b2t.decoding import EvalSummary, TrialResult, summarize
 from b2t.errors import UsageError
 from b2t.evaluate import CompileCount, Evaluator
@@ -99,7 +100,7 @@ def _nll(log_probs: torch.Tensor, reference: list[int]) -> float:
     return float(ctc_loss(log_probs[None], ints(reference)[None], ints([len(log_probs)]), ints([len(reference)]))[0])
 
 
-def evaluate_checkpoints(checkpoints: Sequence[Path], dataset: Path, split: str, *, backend: str | None,
+def evaluate_checkpoints(checkpoints: Sequence[Path], data: Dataset, split: str, *, backend: str | None,
                          device: str | None, log_probs: bool,
                          progress: bool = True) -> tuple[list[TrialResult], list[Member]]:
     """The split's trials decoded by one checkpoint, or by the ensemble of several, and each member's run.
@@ -112,7 +113,7 @@ def evaluate_checkpoints(checkpoints: Sequence[Path], dataset: Path, split: str,
     runs, members = [], []
     for path in checkpoints:
         evaluator = Evaluator(path, backend, device)
-        results, compiles = evaluator.run(dataset, split, log_probs=log_probs or ensemble, progress=progress)
+        results, compiles = evaluator.run(data, split, log_probs=log_probs or ensemble, progress=progress)
         members.append(Member(path, evaluator.backend.name, compiles, summarize(results)))
         runs.append(results)
         del evaluator

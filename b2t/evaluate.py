@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from b2t.config import Config, ConfigError, config_from_dict
-from b2t.contract import trial_number
-from b2t.data.loader import StreamConfig, eval_batches
+from b2t.contract import BucketShape, trial_number
+from b2t.data.dataset import Dataset
+from b2t.data.loader import StreamConfig
 from b2t.data.manifest import Manifest
 from b2t.decoding import TrialResult, decode_batches
 from b2t.errors import DatasetError, UsageError
@@ -238,9 +239,9 @@ class Evaluator:
         self.stepper = Stepper(model, None, backend, self.cfg)
         backend.sync()  # run what construction queued, so warm-up traces the steady-state graphs
 
-    def check_dataset(self, manifest: Manifest) -> None:
+    def check_dataset(self, data: Dataset) -> None:
         """Refuse a dataset whose session list differs: day indices would pick the wrong day layers."""
-        ours, theirs = self.state.sessions, manifest.sessions
+        ours, theirs = self.state.sessions, data.sessions
         if ours == theirs:
             return
         only_ckpt = sorted(set(ours) - set(theirs))
@@ -253,24 +254,23 @@ class Evaluator:
                  "the same session folders the checkpoint was trained on"
              )
 
-    def warm_up(self, manifest: Manifest, *, log_probs: bool, progress: bool = True) -> None:
+    def warm_up(self, buckets: list[BucketShape], *, log_probs: bool, progress: bool = True) -> None:
         """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the
         recipe training uses too)."""
         report = WarmUpReport.for_backend(self.backend, bar=progress)
-        warm_up(self.stepper, manifest.buckets, report, log_probs=log_probs)
-        report.close(len(manifest.buckets))
+        warm_up(self.stepper, buckets, report, log_probs=log_probs)
+        report.close(len(buckets))
 
-    def run(self, dataset: str | Path, split: str, *, log_probs: bool = False,
+    def run(self, data: Dataset, split: str, *, log_probs: bool = False,
             progress: bool = True) -> tuple[list[TrialResult], CompileCount]:
         """Every trial of `split` once, in the competition's order, and the compilations it took."""
-        manifest = Manifest.load(dataset)
-        self.check_dataset(manifest)
+        self.check_dataset(data)
         before = self.backend.stats()
-        self.warm_up(manifest, log_probs=log_probs, progress=progress)
+        self.warm_up(data.buckets, log_probs=log_probs, progress=progress)
         warm = self.backend.stats()
-        stream = eval_batches(dataset, manifest, split, StreamConfig(num_workers=self.cfg.train.num_workers))
-        n_batches = sum(s.n_batches for s in manifest.shards_of(split))
-        batches = progress_bar(stream, total=n_batches, desc=f"{split} batches", unit="batch", disable=not progress)
+        stream = data.eval_batches(split, StreamConfig(num_workers=self.cfg.train.num_workers))
+        batches = progress_bar(stream, total=data.n_batches(split), desc=f"{split} batches", unit="batch",
+                               disable=not progress)
         step = self.stepper.log_probs_step if log_probs else self.stepper.eval_step
-        results = competition_order(decode_batches(step, batches), manifest.sessions)
+        results = competition_order(decode_batches(step, batches), data.sessions)
         return results, CompileCount(before, warm, self.backend.stats())

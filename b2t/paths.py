@@ -30,7 +30,9 @@ from b2t.errors import UsageError
 
 WORK_SUFFIXES = {".safetensors": "a checkpoint", ".hdf5": "an HDF5 data file", ".h5": "an HDF5 data file",
                  ".tar": "a shard"}
-WORK_NAMES = {"manifest.json": "a dataset manifest", "metrics.jsonl": "a run's metrics log"}
+MANIFEST_NAME, METRICS_NAME = "manifest.json", "metrics.jsonl"
+"""A dataset's manifest (`b2t.data.manifest`) and a run's metrics log (`b2t.run_dir`)."""
+WORK_NAMES = {MANIFEST_NAME: "a dataset manifest", METRICS_NAME: "a run's metrics log"}
 """Files that hold work (by suffix, by name), which only an output of the same kind may replace."""
 
 

@@ -1,7 +1,7 @@
 """A report's data: the learning curves of runs (from their metrics.jsonl) and b2t-eval summaries.
 
 Where a resumed run logged a step twice, the later record counts. Only well-formed records are
-plotted (`b2t.train.metrics_log.record_problem`); the lines skipped are counted and named.
+plotted (`b2t.run_dir.record_problem`); the lines skipped are counted and named.
 `b2t.report_figure` draws them; `b2t-report` (`b2t.cli.report`) is the command.
 """
 
@@ -13,10 +13,7 @@ from typing import Any
 
 from b2t.errors import InputFileError, MissingInput
 from b2t.report_figure import Points, RunCurves
-from b2t.train.metrics_log import scan_records, skipped_summary
-
-METRICS, REPORT = "metrics.jsonl", "report.png"
-
+from b2t.run_dir import RunDir, skipped_summary
 
 _TRAIN = {"loss/train": "loss", "lr": "lr", "lr_day": "lr_day", "steps_per_s": "steps_per_s", "grad_norm": "grad_norm"}
 _VAL = {"loss/val": "loss", "per": "per"}
@@ -70,11 +67,11 @@ def _increasing(points: Points) -> Points:
 
 def load_curves(run_dir: Path) -> tuple[RunCurves, str | None]:
     """(`curves` of the well-formed records of RUN/metrics.jsonl, a note on the lines skipped or None)."""
-    path = run_dir / METRICS
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         what = "is not a file" if path.exists() else "not found"
         raise InputFileError(f"{path} {what}: RUN must be a b2t-train run directory")
-    records, skipped = scan_records(path)
+    records, skipped = RunDir(run_dir).scan()
     note = skipped_summary(path, skipped) if skipped else None
     run = curves(records, str(run_dir))
     if run.empty:

@@ -26,7 +26,7 @@ def step(shards: Path) -> dict[str, str]:
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla"])
     manifest, backend = Manifest.load(shards), make_backend("xla")
-    model = run_model(manifest, cfg, backend)
+    model = run_model(len(manifest.sessions), cfg, backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
     shortest = next(b for b in train_batches(shards, manifest, StreamConfig()) if b.bucket == 0)  # the shortest T
     loss, norm = stepper.train_step([shortest], 1)

@@ -20,19 +20,21 @@ import torch
 from click.testing import CliRunner
 from webdataset import TarWriter
 
-from b2t import report
 from b2t.atomic import atomic_file
+from b2t.cli import report
 from b2t.cli.eval import eval_main
 from b2t.cli.rule import os_error_line
 from b2t.config import TINY_CONFIG, ConfigError, DataConfig, load_config, parse_yaml
+from b2t.data.dataset import Dataset
 from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, file_sha256
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample, encode_sample
 from b2t.import_baseline import BaselineError, load_baseline
+from b2t.run_dir import MetricsError, read_records
 from b2t.train.checkpoint import TrainState, save_checkpoint
 from b2t.train.loop import RunOptions, TrainingError, _resume_state, train
-from b2t.train.metrics_log import MetricsError, MetricsLog, read_records
+from b2t.train.metrics_log import MetricsLog
 from b2t.train.optim import make_optimizer
 from b2t.words.lexicon import LexiconError, load_lexicon
 from b2t.words.ngram import check_arpa
@@ -242,10 +244,10 @@ def test_08_resume_refuses_a_checkpoint_of_other_data(small, tmp_path):
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, state)
     with pytest.raises(TrainingError, match=rf"trained on the dataset at /data/seed1 \(identity abababababab\), "
                                             rf"{shards} holds other data"):
-        _resume_state(tmp_path / "last.safetensors", model, optimizer, shards, manifest, cfg)
+        _resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg)
     state.dataset["identity"] = manifest.identity()
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, state)
-    assert _resume_state(tmp_path / "last.safetensors", model, optimizer, shards, manifest, cfg).sessions
+    assert _resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg).sessions
 
 
 def test_09_resume_with_init_from_is_refused(small, tmp_path):

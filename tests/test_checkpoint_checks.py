@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from b2t.cli.eval import eval_main
 from b2t.config import TINY_CONFIG, load_config
+from b2t.data.dataset import Dataset
 from b2t.data.manifest import Manifest
 from b2t.model.registry import build_model
 from b2t.train.backend import make_backend
@@ -64,7 +65,7 @@ def _rewrite(path: Path, tensors=None, meta=None) -> Path:
 
 def _resume(path: Path, manifest: Manifest, dataset: Path) -> TrainState:
     model, optimizer = _model_and_optimizer(len(manifest.sessions))
-    return _resume_state(path, model, optimizer, dataset, manifest, CFG)
+    return _resume_state(path, model, optimizer, Dataset(dataset, manifest), CFG)
 
 
 def _eval_says(path: Path, dataset: Path, message: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from b2t.data.dataset import Dataset
 from b2t.data.manifest import Manifest
 from b2t.decoding import summarize
 from b2t.ensemble import check_members, combine, evaluate_checkpoints
@@ -82,7 +83,7 @@ def test_each_member_compiles_once_per_bucket_on_xla_and_the_ensemble_decodes_as
         trained_run: TrainedRun, second_checkpoint: Path):
     n_buckets = len(Manifest.load(trained_run.shards).buckets)
     members = [trained_run.checkpoint, second_checkpoint]
-    results, runs = evaluate_checkpoints(members, trained_run.shards, "val", backend="xla", device=None,
+    results, runs = evaluate_checkpoints(members, Dataset.open(trained_run.shards), "val", backend="xla", device=None,
                                          log_probs=False, progress=False)
     for run in runs:
         count = run.compiles.to_dict()
@@ -91,7 +92,7 @@ def test_each_member_compiles_once_per_bucket_on_xla_and_the_ensemble_decodes_as
         assert count["warm_up"] <= n_buckets and count["during_split"] == 0 and count["fallbacks"] == {}
     assert runs[0].compiles.to_dict()["warm_up"] >= 1  # the first member compiled its graphs (the second may reuse)
     assert all(r.log_probs is None for r in results)
-    eager, _ = evaluate_checkpoints(members, trained_run.shards, "val", backend="eager", device=None,
+    eager, _ = evaluate_checkpoints(members, Dataset.open(trained_run.shards), "val", backend="eager", device=None,
                                     log_probs=False, progress=False)
     assert [(r.session, r.group) for r in results] == [(r.session, r.group) for r in eager]
     assert abs(summarize(results).per.rate() - summarize(eager).per.rate()) <= 0.03  # bf16 argmax ties

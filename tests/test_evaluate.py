@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 
+from b2t.data.dataset import Dataset
 from b2t.decoding import TrialResult, summarize
 from b2t.evaluate import Evaluator, WordRecipe, competition_order, decode_words, submission_rows
 
@@ -55,7 +56,7 @@ def test_beam_search_needs_log_probs():
 
 
 def test_words_with_lexicon_and_lm_beat_spelling_the_greedy_phonemes(trained_run: TrainedRun):
-    results, _ = Evaluator(trained_run.checkpoint, "eager").run(trained_run.shards, "val", log_probs=True,
+    results, _ = Evaluator(trained_run.checkpoint, "eager").run(Dataset.open(trained_run.shards), "val", log_probs=True,
                                                                  progress=False)
     assert all(r.log_probs.shape == (len(r.log_probs), 41) and r.log_probs.dtype == np.float32 for r in results)
     searched = summarize(decode_words(results, WordRecipe(trained_run.lexicon, trained_run.lm), progress=False))

@@ -26,7 +26,7 @@ from b2t import signals
 from b2t.config import TINY_CONFIG, load_config
 from b2t.train.checkpoint import read_state
 from b2t.train.loop import Run, RunOptions, train
-from b2t.train.run_dir import resume_or_start
+from b2t.train.resume import resume_or_start
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "PJRT_DEVICE": "CPU"}

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from b2t.cli.report import main
 from b2t.report import curves, load_curves, load_eval
 from b2t.report_figure import figure
-from b2t.train.metrics_log import MetricsLog, read_records
+from b2t.run_dir import read_records
+from b2t.train.metrics_log import MetricsLog
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOSS, PER, SESSIONS, LR, RATE, NORM = range(6)

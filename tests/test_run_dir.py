@@ -1,4 +1,4 @@
-"""What a run directory may hold when b2t-train starts or resumes there (`b2t.train.run_dir`):
+"""What a run directory may hold when b2t-train starts or resumes there (`b2t.train.resume`):
 issue 35, cases 1 and 9. Eager, tiny config, in-process: each run is a few steps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from b2t.config import TINY_CONFIG, load_config
 from b2t.run_lock import RUN_LOCK
 from b2t.train.loop import RunOptions, train
-from b2t.train.run_dir import RunDirError
+from b2t.train.resume import RunDirError
 
 SETS = ["train.backend=eager", "train.log_every=1", "train.val_every=2", "train.checkpoint_every=2",
         "train.num_workers=0"]

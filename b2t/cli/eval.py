@@ -20,7 +20,8 @@ from click.core import ParameterSource
 
 from b2t.cli.rule import Command
 from b2t.config import BACKENDS, XLA_BACKENDS
-from b2t.data.manifest import SPLITS, Manifest
+from b2t.data.dataset import Dataset
+from b2t.data.manifest import SPLITS
 from b2t.decoding import TrialResult, summarize
 from b2t.ensemble import Member, evaluate_checkpoints
 from b2t.errors import InputFileError, UsageError
@@ -257,10 +258,10 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
                     *([Place("--weights", weights)] if weights else [])])
     ctx.with_resource(reading_dataset(dataset))  # no b2t-preprocess rewrites it meanwhile
     check_lm(p["lm"])
-    results, members, tuned, seconds = run_stages(plan, checkpoints, dataset, p)
-    manifest = Manifest.load(dataset)
+    data = Dataset.open(dataset)  # a missing shard is named when the split is read
+    results, members, tuned, seconds = run_stages(plan, checkpoints, data, p)
     split, out = p["split"], p["out"]
-    excluded = excluded_trials(manifest, split)
+    excluded = excluded_trials(data.manifest, split)
     if excluded:
         click.secho(f"warning: b2t-preprocess left out {len(excluded)} {split} trials (e.g. {excluded[0][0]} "
                     f"{excluded[0][1]}: {excluded[0][2]}); they have no decode and an empty CSV row",
@@ -270,7 +271,7 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
         click.echo("ensemble members: " + ", ".join(f"{m.checkpoint} PER {m.summary.per.rate():.4f}" for m in members))
     compilations = merge_compilations([m.compiles.to_dict() for m in members])
     print_summary(summary, split, compilations, any(m.backend in XLA_BACKENDS for m in members),
-                  len(manifest.buckets))
+                  len(data.buckets))
     print_samples(results)
     if tuned is not None:
         click.echo(f"tuned on {summary.n_trials} {split} trials ({tuned.points} points over the n-best lists): "
@@ -279,7 +280,7 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
     if out is not None:
         report = {"checkpoints": [str(c) for c in checkpoints], "dataset": str(dataset), "split": split,
                   **summary.to_dict(), "members": [m.to_dict() for m in members], "compilations": compilations,
-                  "buckets": len(manifest.buckets), "excluded": [list(e) for e in excluded],
+                  "buckets": len(data.buckets), "excluded": [list(e) for e in excluded],
                   "words": None if plan is None else plan.describe(),
                   "tune": None if tuned is None else tuned.to_dict(), "seconds": seconds}
         title = f"b2t-eval {split} of {dataset}: {summary.n_trials} trials decoded by {', '.join(map(str, checkpoints))}"
@@ -289,12 +290,12 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
             save_weights(out / WEIGHTS_NAME, tuned_file(plan, tuned, checkpoints, dataset, split, summary.n_trials))
             click.echo(f"wrote {out / WEIGHTS_NAME}: apply with --weights {out / WEIGHTS_NAME}")
     if p["csv_path"] is not None:
-        rows = submission_rows(results, excluded, manifest.sessions)
+        rows = submission_rows(results, excluded, data.sessions)
         write_csv(p["csv_path"], rows)
         click.echo(f"wrote {p['csv_path']}: {len(rows)} rows")
 
 
-def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], dataset: Path,
+def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset,
                p: dict[str, Any]) -> tuple[list[TrialResult], list[Member], TuneResult | None, dict[str, float]]:
     """The model(s) over the split, then the word stages the plan asks for, each timed (seconds by stage)."""
     progress = not p["no_progress"]
@@ -313,7 +314,7 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], dataset: Path
         lap("rescore_load")
     if p["compile_cache"] is not None:
         use_compile_cache(p["compile_cache"])
-    results, members = evaluate_checkpoints(checkpoints, dataset, p["split"], backend=p["backend"],
+    results, members = evaluate_checkpoints(checkpoints, data, p["split"], backend=p["backend"],
                                             device=p["device"], log_probs=plan is not None and plan.beam,
                                             progress=progress)
     lap("model")

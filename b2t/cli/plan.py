@@ -90,10 +90,10 @@ def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, j
 
 def _plan_data(dataset: Path | None) -> tuple[list, int, str]:
     """(buckets, sessions, what they are) of DATASET's manifest, else of the competition data."""
-    from b2t.data.manifest import Manifest
+    from b2t.data.dataset import Dataset
     from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS
 
     if dataset is None:
         return list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"
-    manifest = Manifest.load(dataset)
-    return manifest.buckets, len(manifest.sessions), str(dataset)
+    data = Dataset.open(dataset)
+    return data.buckets, len(data.sessions), str(dataset)

@@ -20,8 +20,9 @@ from b2t.atomic import atomic_write_bytes
 from b2t.cli.rule import Command
 from b2t.errors import UsageError
 from b2t.paths import Place, refuse_clashes
-from b2t.report import METRICS, REPORT, load_curves, load_eval
+from b2t.report import load_curves, load_eval
 from b2t.report_figure import render
+from b2t.run_dir import REPORT, RunDir
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,8 +40,8 @@ def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...
     if output is None:
         if len(run_dirs) > 1:
             raise UsageError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
-        output = run_dirs[0] / REPORT
-    refuse_clashes([Place("-o", output)], [Place("RUN", d / METRICS) for d in run_dirs])
+        output = RunDir(run_dirs[0]).report
+    refuse_clashes([Place("-o", output)], [Place("RUN", RunDir(d).metrics) for d in run_dirs])
     runs = []
     for run_dir in run_dirs:
         run, note = load_curves(run_dir)

@@ -17,9 +17,8 @@ from typing import Any
 from b2t.atomic import atomic_write_text
 from b2t.contract import FIELDS, BucketShape
 from b2t.errors import DatasetError, MissingInput
-from b2t.paths import file_kind, not_regular
+from b2t.paths import MANIFEST_NAME, file_kind, not_regular
 
-MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
 

@@ -18,7 +18,13 @@ from pathlib import Path
 import torch
 
 from b2t import signals
+from b2t.errors import B2tError
 from b2t.train.checkpoint import read_state
+
+
+class TrainingError(B2tError):
+    """The run cannot go on (diverged, out of memory, over its compile budget, a run directory
+    it may not use); the message says why and what to do."""
 
 
 def _name(signum: int) -> str:

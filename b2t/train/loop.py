@@ -33,33 +33,26 @@ from tqdm import tqdm
 
 from b2t import signals
 from b2t.atomic import remove_stale_temps
-from b2t.config import SHARD_SHAPING_MODEL_KEYS, Config
+from b2t.config import Config
 from b2t.contract import Batch
-from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batches
-from b2t.data.manifest import Manifest
+from b2t.data.dataset import Dataset
+from b2t.data.loader import StreamConfig
 from b2t.decoding import decode_batches, summarize
 from b2t.model.registry import build_model
 from b2t.progress import progress_bar
+from b2t.run_dir import RunDir
 from b2t.run_lock import exclusive, reading_dataset, run_lock_name
 from b2t.train import interruptions, warmup
 from b2t.train.backend import Backend, CompileStats, describe, make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
+from b2t.train.interruptions import TrainingError
 from b2t.train.mesh import check_divisible, host_copy
-from b2t.train.metrics_log import MetricsLog, read_records
+from b2t.train.metrics_log import MetricsLog
 from b2t.train.optim import lr_at, make_optimizer
 from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
 from b2t.train.rates import TRAINING, StepClock
-from b2t.train.run_dir import (
-    BEST,
-    LAST,
-    METRICS,
-    TrainingError,
-    metrics_name,
-    resume_or_start,
-    same_data_order,
-    this_rank,
-)
+from b2t.train.resume import resume_or_start, same_data_order, this_rank
 from b2t.train.step import TOTAL, Stepper
 from b2t.train.summary import finished_summary, run_times
 from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
@@ -75,23 +68,12 @@ class RunOptions:
     verify_data: bool = False  # sha256 of every shard against the manifest before training
 
 
-def check_compatible(manifest: Manifest, cfg: Config) -> None:
-    """The model's patching must be the one the buckets were aligned to."""
-    used = manifest.config.get("model", {})
-    for key in SHARD_SHAPING_MODEL_KEYS:
-        if used.get(key) != getattr(cfg.model, key):
-            raise TrainingError(
-                f"model.{key}={getattr(cfg.model, key)} but the shards were bucketed for {key}={used.get(key)}: "
-                "re-run b2t-preprocess with this config or use the config the shards were made with"
-            )
-
-
-def check_same_readers(run_dir: Path, layout: Layout) -> None:
+def check_same_readers(run_dir: RunDir, layout: Layout) -> None:
     """A resumed run skips `batches` batches of each reader's stream, which is only the same
     position in the data when the shards are split over as many readers as before."""
-    before = [r["world"] for r in read_records(run_dir / METRICS) if r.get("kind") == "layout"]
+    before = [r["world"] for r in run_dir.records() if r.get("kind") == "layout"]
     if before and before[-1] != layout.world:
-        raise TrainingError(f"{run_dir} was trained with {before[-1]} data readers (hosts or torchrun processes), "
+        raise TrainingError(f"{run_dir.path} was trained with {before[-1]} data readers (hosts or torchrun processes), "
                             f"this run has {layout.world}: resume with {before[-1]}")
 
 
@@ -104,14 +86,14 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def run_model(manifest: Manifest, cfg: Config, backend: Backend) -> torch.nn.Module:
-    """The model a run starts from: seeded by `train.seed`, built for the manifest's sessions, on the device."""
+def run_model(n_days: int, cfg: Config, backend: Backend) -> torch.nn.Module:
+    """The model a run starts from: seeded by `train.seed`, built for `n_days` sessions, on the device."""
     torch.manual_seed(cfg.train.seed)
-    return build_model(cfg.model, len(manifest.sessions)).to(backend.device)
+    return build_model(cfg.model, n_days).to(backend.device)
 
 
-def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                  dataset: Path, manifest: Manifest, cfg: Config) -> TrainState:
+def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
+                  cfg: Config) -> TrainState:
     """The checkpoint's state loaded into `model` and `optimizer`, if it is this run's.
 
     `train` (steps, logging) may change on resume; `mesh` too (the run goes on, recorded
@@ -119,21 +101,21 @@ def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opt
     must be the one the checkpoint was trained with.
     """
     state = read_state(path)
-    _check_resumable(path, state, dataset, manifest, cfg)
+    _check_resumable(path, state, data, cfg)
     return load_checkpoint(path, model, optimizer)
 
 
-def _check_resumable(path: Path, state: TrainState, dataset: Path, manifest: Manifest, cfg: Config) -> None:
+def _check_resumable(path: Path, state: TrainState, data: Dataset, cfg: Config) -> None:
     """`path`'s state was trained on this dataset's data and sessions with this config (see `_resume_state`)."""
-    trained_on = state.dataset.get("identity")
-    if trained_on is not None and trained_on != manifest.identity():
+    trained_on, identity = state.dataset.get("identity"), data.identity()["identity"]
+    if trained_on is not None and trained_on != identity:
         raise TrainingError(f"{path} was trained on the dataset at {state.dataset.get('path')} (identity "
-                            f"{trained_on[:12]}), {dataset} holds other data (identity {manifest.identity()[:12]}: "
+                            f"{trained_on[:12]}), {data.root} holds other data (identity {identity[:12]}: "
                             "other shards, batches or sessions): resume on the dataset it was trained on, "
                             "or start a new run directory")
-    if state.sessions != manifest.sessions:
+    if state.sessions != data.sessions:
         raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
-                            f"{manifest.sessions[:3]}...: day indices would not match")
+                            f"{data.sessions[:3]}...: day indices would not match")
     free = ("train", "mesh")
     saved = {k: v for k, v in state.config.items() if k not in free}
     now = {k: v for k, v in cfg.to_dict().items() if k not in free}
@@ -146,9 +128,8 @@ def _check_resumable(path: Path, state: TrainState, dataset: Path, manifest: Man
 class Run:
     """One training run's parts, from `start_run`; the loop drives it one step at a time."""
 
-    dataset: Path
-    run_dir: Path
-    manifest: Manifest
+    data: Dataset
+    run_dir: RunDir
     cfg: Config
     layout: Layout
     backend: Backend
@@ -165,7 +146,7 @@ class Run:
 
     @property
     def has_val(self) -> bool:
-        return bool(self.manifest.shards_of("val")) and self.layout.is_main
+        return self.data.has("val") and self.layout.is_main
 
     def due(self, every: int) -> bool:
         return self.state.step % every == 0 or self.state.step == self.cfg.train.steps
@@ -187,7 +168,7 @@ class Run:
         losses = {k: v / window for k, v in losses.items()}
         mean_loss = losses.pop(TOTAL)
         if not math.isfinite(mean_loss):
-            last = self.run_dir / LAST
+            last = self.run_dir.last
             raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - window + 1}.."
                                 f"{self.state.step}: lower optim.lr or check the input features; last good "
                                 f"checkpoint: {last if last.exists() else 'none'}")
@@ -201,8 +182,8 @@ class Run:
 
     def validate(self) -> None:
         """Greedy PER on every val trial; a new best PER writes `best.safetensors`."""
-        batches = eval_batches(self.dataset, self.manifest, "val",
-                               StreamConfig(seed=self.cfg.train.seed, num_workers=self.cfg.train.num_workers))
+        batches = self.data.eval_batches("val", StreamConfig(seed=self.cfg.train.seed,
+                                                             num_workers=self.cfg.train.num_workers))
         t0 = time.perf_counter()
         with self.clock.apart("validation"):
             val = summarize(decode_batches(self.stepper.eval_step, batches)).to_dict()
@@ -211,11 +192,11 @@ class Run:
         if val["per"] < self.state.best_per:
             self.state.best_per, self.state.best_step = val["per"], self.state.step
             with self.clock.apart("checkpoint"):
-                save_checkpoint(self.run_dir / BEST, self.model, None, self.state)
+                save_checkpoint(self.run_dir.best, self.model, None, self.state)
 
     def checkpoint(self) -> None:
         with self.clock.apart("checkpoint"):
-            save_checkpoint(self.run_dir / LAST, self.model, self.optimizer, self.state)
+            save_checkpoint(self.run_dir.last, self.model, self.optimizer, self.state)
 
     def start_bar(self) -> None:
         """The training bar, from here: its rate and ETA count the steps after the warm-up only."""
@@ -223,27 +204,27 @@ class Run:
                                 disable=not (self.progress and self.layout.is_main))
 
 
-def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions,
-              layout: Layout, backend: Backend) -> Run:
+def start_run(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, layout: Layout,
+              backend: Backend) -> Run:
     """Model, optimizer, resumed state, metrics log and stepper of a run (nothing compiled yet)."""
     if layout.kind == "spmd":
-        check_divisible(manifest.buckets, layout.devices)
-    model = run_model(manifest, cfg, backend)
+        check_divisible(data.buckets, layout.devices)
+    model = run_model(len(data.sessions), cfg, backend)
     forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
     optimizer = make_optimizer(model, cfg.optim)
     if opts.resume:
         check_same_readers(run_dir, layout)
-        state = _resume_state(run_dir / LAST, model, optimizer, dataset, manifest, cfg)
-        cfg = same_data_order(run_dir / LAST, state.config, cfg)
+        state = _resume_state(run_dir.last, model, optimizer, data, cfg)
+        cfg = same_data_order(run_dir.last, state.config, cfg)
     else:
-        state = TrainState(sessions=manifest.sessions, config=cfg.to_dict())
-    state.dataset = {"path": str(dataset), "identity": manifest.identity()}
-    init = init_from_checkpoint(opts.init_from, model, manifest.sessions, cfg) if opts.init_from else None
+        state = TrainState(sessions=data.sessions, config=cfg.to_dict())
+    state.dataset = data.identity()
+    init = init_from_checkpoint(opts.init_from, model, data.sessions, cfg) if opts.init_from else None
     if state.mesh and state.mesh != layout.mesh:
-        tqdm.write(f"note: {run_dir / LAST} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
+        tqdm.write(f"note: {run_dir.last} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
                    "training goes on, but not bit-identical to an unbroken run on one mesh")
     state.mesh = layout.mesh
-    log = MetricsLog(run_dir / metrics_name(layout.rank),
+    log = MetricsLog(run_dir.metrics_of(layout.rank),
                      tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
     if layout.is_main:
         tqdm.write(describe(backend, cfg.train.compute_dtype))
@@ -253,11 +234,11 @@ def start_run(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opt
     stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
                               num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
     if opts.resume:
-        log.write("resume", step=state.step, checkpoint=str(run_dir / LAST))
+        log.write("resume", step=state.step, checkpoint=str(run_dir.last))
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
               mesh=layout.mesh, compute=str(backend.compute_dtype(cfg.train.compute_dtype)).removeprefix("torch."),
-              first_pass_shards=[s.name for s in pass_shards(manifest, "train", 0, stream_cfg)])
-    return Run(dataset, run_dir, manifest, cfg, layout, backend, model, optimizer,
+              first_pass_shards=[s.name for s in data.first_pass(stream_cfg)])
+    return Run(data, run_dir, cfg, layout, backend, model, optimizer,
                Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, opts.progress)
 
 
@@ -267,7 +248,7 @@ def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
     n = run.backend.stats().compilations
     if opts.max_compiles is not None and n > opts.max_compiles:
         raise TrainingError(f"{n} XLA compilations exceed --max-compiles {opts.max_compiles} "
-                            f"for {len(run.manifest.buckets)} buckets {when}: see {run.run_dir / METRICS} "
+                            f"for {len(run.data.buckets)} buckets {when}: see {run.run_dir.metrics} "
                             "for when they happened")
 
 
@@ -279,8 +260,9 @@ def warm_up(run: Run, opts: RunOptions) -> CompileStats:
         run.log.write(PIECE_RECORD, piece=str(piece), index=piece.index, of=piece.total, graphs=graphs,
                       seconds=round(seconds, 3))
 
-    progress = WarmUpReport.for_backend(run.backend, estimates=CompileEstimates.from_records(read_records(run.log.path)),
-                                        record=record, enabled=run.layout.is_main, bar=opts.progress)
+    estimates = CompileEstimates.from_records(run.run_dir.records(run.layout.rank))
+    progress = WarmUpReport.for_backend(run.backend, estimates=estimates, record=record, enabled=run.layout.is_main,
+                                        bar=opts.progress)
 
     def report(piece: Piece | None) -> None:
         check_compiles(run, opts, f"in the warm-up, before the {piece or 'loop'}")
@@ -288,11 +270,11 @@ def warm_up(run: Run, opts: RunOptions) -> CompileStats:
         progress(piece)
 
     run.clock.start("warm-up")
-    warmup.warm_up(run.stepper, run.manifest.buckets, report)
-    seconds, _ = progress.close(len(run.manifest.buckets))
+    warmup.warm_up(run.stepper, run.data.buckets, report)
+    seconds, _ = progress.close(len(run.data.buckets))
     run.clock.start(TRAINING)
     warm = run.backend.stats()
-    run.log.write("compile", phase="warm-up", buckets=len(run.manifest.buckets), seconds=round(seconds, 3),
+    run.log.write("compile", phase="warm-up", buckets=len(run.data.buckets), seconds=round(seconds, 3),
                   **warm.to_dict(), donated=warm.donated, training_state=len(run.stepper.training_state()))
     return warm
 
@@ -303,77 +285,63 @@ def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
         run.bar.close()
     final = run.backend.stats()
     summary = {"steps": run.state.step, "best_per": run.state.best_per, "best_step": run.state.best_step,
-               "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.manifest.buckets),
+               "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.data.buckets),
                "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model),
-               "xla": run.backend.xla, "run_dir": str(run.run_dir), "dataset": str(run.dataset),
-               "times": run_times(read_records(run.log.path), run.log.elapsed())}
+               "xla": run.backend.xla, "run_dir": str(run.run_dir.path), "dataset": str(run.data.root),
+               "times": run_times(run.run_dir.records(run.layout.rank), run.log.elapsed())}
     run.log.write("summary", **summary)
     run.log.close()
     check_compiles(run, opts, "by the end of the run")
     return summary
 
 
-def check_shards(dataset: Path, manifest: Manifest, *, sha256: bool) -> None:
-    """Every train and val shard present with its manifest size (and, with `sha256`, digest)."""
-    t0 = time.perf_counter()
-    problems = manifest.shard_problems(dataset, ("train", "val"), sha256=sha256)
-    if problems:
-        raise TrainingError(f"{len(problems)} shards of {dataset} do not match its manifest ({'; '.join(problems[:3])}): "
-                            f"run b2t-preprocess verify {dataset}, then rerun b2t-preprocess to rewrite them")
-    if sha256:
-        tqdm.write(f"verified the sha256 of {len(manifest.shards_of('train')) + len(manifest.shards_of('val'))} "
-                   f"shards in {time.perf_counter() - t0:.1f} s")
-
-
 def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
     """Train on the shards in `dataset`, writing checkpoints and metrics to `run_dir`."""
     dataset, run_dir = Path(dataset), Path(run_dir)
     if opts.resume and opts.init_from is not None:
-        raise TrainingError(f"--resume continues {run_dir / LAST} (weights, optimizer and schedule) and --init-from "
+        raise TrainingError(f"--resume continues {RunDir(run_dir).last} (weights, optimizer and schedule) and --init-from "
                             f"starts a new run from {opts.init_from}'s weights: pass one of them")
     signals.describe_stop(lambda name: interruptions.warm_up_line(name, 0))
     with reading_dataset(dataset):
-        manifest = Manifest.load(dataset)
-        check_compatible(manifest, cfg)
-        for note in manifest.config_differences(cfg.data):
+        data = Dataset.open(dataset, cfg, splits=("train", "val"), verify=opts.verify_data)
+        for note in data.notes:
             tqdm.write(f"note: {note}")
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = run_lock_name(this_rank())
         try:
             with exclusive(run_dir, lock, "b2t-train"):
-                return _train(dataset, run_dir, manifest, cfg, opts)
+                return _train(data, RunDir(run_dir), cfg, opts)
         except BaseException:
             if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {lock}:
                 shutil.rmtree(run_dir)  # a run refused before it wrote anything leaves no trace
             raise
 
 
-def _train(dataset: Path, run_dir: Path, manifest: Manifest, cfg: Config, opts: RunOptions) -> dict[str, Any]:
-    remove_stale_temps(run_dir)  # a checkpoint write cut short by a kill
-    opts = replace(opts, resume=resume_or_start(run_dir, cfg, opts.resume, this_rank()))
+def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dict[str, Any]:
+    remove_stale_temps(run_dir.path)  # a checkpoint write cut short by a kill
+    opts = replace(opts, resume=resume_or_start(run_dir.path, cfg, opts.resume, this_rank()))
     if opts.resume:
-        state = read_state(run_dir / LAST)
+        state = read_state(run_dir.last)
         if state.step >= cfg.train.steps:  # finished: nothing to compile or train, the end summary again
-            _check_resumable(run_dir / LAST, state, dataset, manifest, cfg)
-            done = finished_summary(read_records(run_dir / METRICS), state.step)
+            _check_resumable(run_dir.last, state, data, cfg)
+            done = finished_summary(run_dir.records(), state.step)
             if done is not None:
                 return done
-    check_shards(dataset, manifest, sha256=opts.verify_data)
     layout, mesh, rank_device = make_layout(cfg.train.backend, cfg.mesh)
     run: Run | None = None
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
-        run = start_run(dataset, run_dir, manifest, cfg, opts, layout, backend)
+        run = start_run(data, run_dir, cfg, opts, layout, backend)
         signals.describe_stop(lambda name: interruptions.warm_up_line(name, run.state.step))
         warm = warm_up(run, opts) if run.state.step < cfg.train.steps else run.backend.stats()
-        stream = train_batches(dataset, manifest, run.stream_cfg, start=run.state.batches)
+        stream = data.train_batches(run.stream_cfg, start=run.state.batches)
         if run.state.step < cfg.train.steps:
             with run.clock.apart("data start-up"):  # opening shards, filling the shuffle buffer: not a step's time
                 first = [next(stream) for _ in range(cfg.train.grad_accum)]
             stream = itertools.chain(first, stream)
         run.start_bar()
-        signals.describe_stop(lambda name: interruptions.interrupted_line(name, run.state.step, run_dir / LAST))
+        signals.describe_stop(lambda name: interruptions.interrupted_line(name, run.state.step, run_dir.last))
         signals.defer()  # from now on a signal stops the run after the step in flight, kept in last.safetensors
         while run.state.step < cfg.train.steps:
             run.phase = f"step {run.state.step + 1}"
@@ -406,4 +374,4 @@ def stop(run: Run, signum: int) -> signals.Stopped:
     run.log.write("stopped", step=run.state.step, signal=signal.Signals(signum).name)
     run.log.close()
     run.bar.close()
-    return interruptions.stopped(signum, run.state.step, run.run_dir / LAST)
+    return interruptions.stopped(signum, run.state.step, run.run_dir.last)

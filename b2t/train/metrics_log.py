@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from b2t.atomic import atomic_write_text
-from b2t.errors import B2tError
-
-TENSORBOARD_DIR = "tensorboard"
+from b2t.run_dir import TENSORBOARD, read_records
 
 _TRAIN_SCALARS = {"loss": "loss/train", "grad_norm": "train/grad_norm", "lr": "lr/main", "lr_day": "lr/day",
                   "steps_per_s": "train/steps_per_s", "compilations": "xla/compilations"}
@@ -44,89 +42,6 @@ def finite_or_null(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite_or_null(v) for v in value]
     return value
-
-
-class MetricsError(B2tError, ValueError):
-    """A metrics.jsonl line that is not a well-formed record; the message names the file and line."""
-
-
-_NUMBERS = {"train": ("loss", "grad_norm", "lr", "lr_day", "steps_per_s"), "val": ("loss", "per")}
-"""The fields each kind's readers plot: a number, or null for a non-finite value."""
-
-
-def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-
-
-def record_problem(record: Any) -> str | None:
-    """Why a parsed line is not a well-formed record (None when it is): a JSON object with a
-    string `kind`; train and val records also an integer step and numbers (or null) where
-    their readers expect them."""
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not an object"
-    kind = record.get("kind")
-    if not isinstance(kind, str):
-        return f"kind is {kind!r}, not a string"
-    if kind not in _NUMBERS:
-        return None
-    step = record.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return f"a {kind} record whose step is {step!r}, not an integer >= 0"
-    for key in _NUMBERS[kind]:
-        if not _is_number(record.get(key)):
-            return f"{key} is {record[key]!r}, not a number"
-    groups = record.get("per_session") or {}
-    groups = groups.get("groups") or {} if isinstance(groups, dict) else None
-    if not isinstance(groups, dict) or not all(isinstance(g, dict) and _is_number(g.get("rate"))
-                                               for g in groups.values()):
-        return "per_session is not a mapping of sessions to rates"
-    return None
-
-
-def scan_records(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
-    """(well-formed records, (line number, why) for every other line) of a metrics.jsonl. A last
-    line cut short by a kill (an unterminated JSON prefix) is listed as such."""
-    lines = path.read_bytes().split(b"\n")
-    tail = lines.pop()  # b"" when the file ends with a newline
-    records, skipped = [], []
-    for n, raw in enumerate([*lines, tail] if tail else lines, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            skipped.append((n, f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"))
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            cut = raw is tail and text.isascii() and text.startswith("{")
-            skipped.append((n, "cut short (a run killed mid-write)" if cut else f"not JSON ({e.msg})"))
-            continue
-        problem = record_problem(record)
-        if problem is None:
-            records.append(record)
-        else:
-            skipped.append((n, problem))
-    return records, skipped
-
-
-def skipped_summary(path: Path, skipped: list[tuple[int, str]]) -> str:
-    """`N lines of PATH skipped (line 3: why; ...)`, the first three named."""
-    shown = "; ".join(f"line {n}: {why}" for n, why in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
-    return f"{len(skipped)} line{'s' if len(skipped) != 1 else ''} of {path} skipped ({shown})"
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a run's own metrics.jsonl ([] when there is none). A last line cut short
-    by a kill is dropped; any other malformed line raises MetricsError naming it, since a
-    resumed run rewrites the file from these records."""
-    if not path.exists():
-        return []
-    records, skipped = scan_records(path)
-    bad = [(n, why) for n, why in skipped if not why.startswith("cut short")]
-    if bad:
-        raise MetricsError(f"{skipped_summary(path, bad)}: it is not a b2t metrics log as written; move it aside "
-                           "(a resumed run starts a new one) or delete those lines, then run again")
-    return records
 
 
 def scalars(kind: str, record: dict[str, Any]) -> dict[str, float]:
@@ -162,7 +77,7 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             # events from a run this one replaces (after its checkpoint, or all of a fresh start) are hidden
-            self._writer = SummaryWriter(str(path.parent / TENSORBOARD_DIR),
+            self._writer = SummaryWriter(str(path.parent / TENSORBOARD),
                                          purge_step=0 if resume_step is None else resume_step + 1)
 
     @staticmethod

@@ -1,9 +1,7 @@
-"""A run directory: what b2t-train writes in it, and when a run may start or continue there.
+"""When a run may start or continue in a run directory (`b2t.run_dir`), and with what settings.
 
-RUN_DIR holds `last.safetensors` (resumable), `best.safetensors`, `metrics.jsonl` (the
-other torchrun ranks: `metrics.rank<r>.jsonl`), `tensorboard/` and each process's lock
-(`b2t.run_lock`: one b2t-train per rank at a time). The rules, checked before anything is
-loaded or written:
+Besides the run's files, RUN_DIR holds each process's lock (`b2t.run_lock`: one b2t-train per
+rank at a time). The rules, checked before anything is loaded or written:
 - A new run (no `--resume`) starts only where no earlier run left results: with a
   `last.safetensors` it asks for `--resume`; with `best.safetensors` or trained steps in
   the metrics log but no `last` (deleted, or moved) it is refused. Starting there would
@@ -23,17 +21,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from b2t.config import Config
-from b2t.errors import B2tError
-from b2t.train.metrics_log import scan_records
+from b2t.run_dir import BEST, LAST, RunDir, scan_records
+from b2t.train.interruptions import TrainingError
 from b2t.train.parallel import torchrun_rank_world
 
-LAST, BEST, METRICS = "last.safetensors", "best.safetensors", "metrics.jsonl"
 RESULT_KINDS = ("train", "val", "summary")
 """Metrics records that say steps were trained (the others: layout, compile, init)."""
-
-
-class TrainingError(B2tError):
-    """The run cannot continue; the message says why and what to do."""
 
 
 class RunDirError(TrainingError):
@@ -45,15 +38,10 @@ def this_rank() -> int:
     return (torchrun_rank_world() or (0,))[0]
 
 
-def metrics_name(rank: int) -> str:
-    """The metrics log of one process (rank 0 writes the main one)."""
-    return METRICS if rank == 0 else f"metrics.rank{rank}.jsonl"
-
-
 def _results(run_dir: Path, rank: int) -> tuple[list[str], int, bool]:
     """(what holds results, the last step they reach, whether a summary says the run finished)."""
     held, last_step, finished = [], 0, False
-    log = run_dir / metrics_name(rank)
+    log = RunDir(run_dir).metrics_of(rank)
     if log.is_file():
         records = [r for r in scan_records(log)[0] if r.get("kind") in RESULT_KINDS]
         if records:

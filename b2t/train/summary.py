@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from b2t.progress import duration
+from b2t.run_dir import RunDir
 
 
 def _numbers(records: Iterable[Mapping[str, Any]], kind: str, key: str, **where: Any) -> list[float]:
@@ -39,7 +40,7 @@ def run_times(records: list[Mapping[str, Any]], elapsed: float) -> dict[str, Any
 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The lines `b2t-train` ends with (see the module docstring), from `loop.finish`'s summary."""
-    run, dataset = Path(summary["run_dir"]), Path(summary["dataset"])
+    run, dataset = RunDir(Path(summary["run_dir"])), Path(summary["dataset"])
     t = summary["times"]
     again = " (already finished: nothing to do)" if summary.get("already_finished") else ""
     lines = [f"done: {summary['steps']} steps{again}; run time {duration(t['wall'])}: warm-up {duration(t['warm_up'])}, "
@@ -50,20 +51,20 @@ def format_summary(summary: Mapping[str, Any]) -> str:
                      f"{t['windows']} logged windows, the warm-up, validations and checkpoints left out")
     best = summary["best_per"]
     if best is not None and math.isfinite(best):
-        lines.append(f"best val PER {best:.4f} at step {summary['best_step']}: {run / 'best.safetensors'}")
+        lines.append(f"best val PER {best:.4f} at step {summary['best_step']}: {run.best}")
     else:
-        lines.append("no validation (the dataset has no val split): no best.safetensors")
-    lines.append(f"last checkpoint (step {summary['steps']}, resumable): {run / 'last.safetensors'}")
+        lines.append(f"no validation (the dataset has no val split): no {run.best.name}")
+    lines.append(f"last checkpoint (step {summary['steps']}, resumable): {run.last}")
     final = summary["final"]
     if summary.get("xla"):
         after = final["compilations"] - summary["warm_up"]["compilations"]
         fallbacks = json.dumps(final["fallbacks"]) if final["fallbacks"] else "none"
         lines.append(f"XLA compilations: {final['compilations']} ({summary['buckets']} buckets), "
                      f"{'none' if after == 0 else after} after the warm-up; host fallbacks: {fallbacks}")
-    checkpoint = run / "best.safetensors" if best is not None and math.isfinite(best) else run / "last.safetensors"
+    checkpoint = run.best if best is not None and math.isfinite(best) else run.last
     lines += ["next:",
-              f"  b2t-report {run}    # the learning curves: {run / 'report.png'}",
-              f"  b2t-eval {checkpoint} {dataset} --split val --out {run / 'eval_val'}    # PER per session; "
+              f"  b2t-report {run.path}    # the learning curves: {run.report}",
+              f"  b2t-eval {checkpoint} {dataset} --split val --out {run.path / 'eval_val'}    # PER per session; "
               "add --lexicon FILE --lm FILE for words and WER"]
     return "\n".join(lines)
 

@@ -66,7 +66,7 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     cfg = load_config(config, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, mesh=mesh)
-    model = run_model(manifest, cfg, backend)
+    model = run_model(len(manifest.sessions), cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
     load_checkpoint(init, model, optimizer)
     stepper = Stepper(model, optimizer, backend, cfg)
@@ -109,7 +109,7 @@ def evaluate_checkpoint(shards: Path, path: Path, backend_name: str = "xla", ste
     cfg = load_config(TINY_CONFIG, [f"train.backend={backend_name}"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name)
-    model = run_model(manifest, cfg, backend)
+    model = run_model(len(manifest.sessions), cfg, backend)
     load_checkpoint(path, model)
     return evaluate(Stepper(model, None, backend, cfg), probe_batches(shards, manifest, steps)[-1])
 

@@ -15,10 +15,11 @@ from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.errors import DatasetError
 from b2t.model.registry import FAMILIES
+from b2t.run_dir import TENSORBOARD
 from b2t.train.backend import Backend, make_backend
 from b2t.train.loop import RunOptions, TrainingError, run_model, train
-from b2t.train.metrics_log import TENSORBOARD_DIR
 from b2t.train.optim import make_optimizer
 from b2t.train.rng import CounterRng
 from b2t.train.step import Stepper
@@ -102,7 +103,7 @@ def _stepper(backend_name, shards, config):
     cfg = load_config(config, [f"train.backend={backend_name}", "train.compute_dtype=bf16"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, None if backend_name != "eager" else "cpu")
-    model = run_model(manifest, cfg, backend)
+    model = run_model(len(manifest.sessions), cfg, backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
     return stepper, (batch.to(backend.device) for batch in train_batches(shards, manifest, StreamConfig()))
 
@@ -220,11 +221,11 @@ def test_shards_are_checked_against_the_manifest_before_training(tiny_dataset, t
     raw[len(raw) // 2] ^= 0x01  # same size, one bit flipped
     victim.write_bytes(bytes(raw))
     cfg = load_config(TINY_CONFIG, EAGER_SHORT)
-    with pytest.raises(TrainingError, match=rf"{victim.name}: sha256 .* differs from the manifest.*"
-                                            rf"b2t-preprocess verify"):
+    with pytest.raises(DatasetError, match=rf"{victim.name}: sha256 .* differs from the manifest.*"
+                                           rf"b2t-preprocess verify"):
         train(data, tmp_path / "run", cfg, RunOptions(progress=False, device="cpu", verify_data=True))
     victim.write_bytes(bytes(raw[:-1024]))
-    with pytest.raises(TrainingError, match=rf"{victim.name}: {len(raw) - 1024} bytes, the manifest says {len(raw)}"):
+    with pytest.raises(DatasetError, match=rf"{victim.name}: {len(raw) - 1024} bytes, the manifest says {len(raw)}"):
         train(data, tmp_path / "run", cfg, RunOptions(progress=False, device="cpu"))
     assert not (tmp_path / "run" / "metrics.jsonl").exists(), "refused before anything ran"
 
@@ -239,7 +240,7 @@ def test_a_run_prints_its_device_and_leaves_tensorboard_events_and_a_report(tiny
     assert result.output.startswith("device: cpu (the host CPU, no XLA); backend eager")
     for line in (run / "metrics.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=lambda name: pytest.fail(f"non-standard JSON {name}: {line}"))
-    events = EventAccumulator(str(run / TENSORBOARD_DIR))
+    events = EventAccumulator(str(run / TENSORBOARD))
     events.Reload()
     sessions = Manifest.load(shards).sessions
     tags = set(events.Tags()["scalars"])

@@ -6,7 +6,8 @@ import json
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from b2t.train.metrics_log import TENSORBOARD_DIR, MetricsLog, finite_or_null, read_records
+from b2t.run_dir import TENSORBOARD, read_records
+from b2t.train.metrics_log import MetricsLog, finite_or_null
 
 
 def _strict(line: str) -> dict:
@@ -38,7 +39,7 @@ def test_tensorboard_reader_finds_the_scalars(tmp_path):
                   compilations=7, fallbacks={})
     log.write("val", **_val(20, 0.4))
     log.close()
-    events = EventAccumulator(str(tmp_path / TENSORBOARD_DIR))
+    events = EventAccumulator(str(tmp_path / TENSORBOARD))
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"loss/train", "train/grad_norm", "lr/main", "lr/day", "train/steps_per_s", "xla/compilations",

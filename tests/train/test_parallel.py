@@ -70,7 +70,7 @@ def _single_device_checkpoint(shards: Path, path: Path, config: Path = TINY_CONF
     """A checkpoint written on one XLA device: initial weights and AdamW's zero moments."""
     cfg = load_config(config, ["train.backend=xla"])
     backend = make_backend("xla")
-    model = run_model(Manifest.load(shards), cfg, backend)
+    model = run_model(len(Manifest.load(shards).sessions), cfg, backend)
     optimizer = make_optimizer(model, cfg.optim)
     Stepper(model, optimizer, backend, cfg)  # creates the moments
     return save_checkpoint(path, model, optimizer, TrainState())
@@ -320,7 +320,7 @@ def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
     try:
         cfg = load_config(TINY_CONFIG, ["train.backend=eager", f"train.grad_accum={grad_accum}"])
         manifest, backend = Manifest.load(shards), make_backend("eager", "cpu")
-        model = run_model(manifest, cfg, backend)
+        model = run_model(len(manifest.sessions), cfg, backend)
         ddp = wrap_ddp(model, backend.device)
         calls = []
         ddp.register_comm_hook(None, lambda state, bucket: calls.append(1) or allreduce_hook(state, bucket))
