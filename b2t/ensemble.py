@@ -21,15 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from b2t.config import config_from_dict
 from b2t.data.dataset import Dataset
 from b2t.decoding import EvalSummary, TrialResult, summarize
 from b2t.errors import UsageError
 from b2t.evaluate import CompileCount, Evaluator
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.ctc import ctc_loss
-from b2t.train.checkpoint import read_state
-from b2t.train.checkpoint_checks import CheckpointError
+from b2t.train.checkpoint import trained_config
 
 
 @dataclass(frozen=True)
@@ -49,11 +47,8 @@ class Member:
 
 def _signature(path: Path) -> tuple[list[str], tuple[int, int]]:
     """A checkpoint's session list and (patch_size, patch_stride), from its header."""
-    state = read_state(path)
-    if not state.config or not state.sessions:
-        raise CheckpointError(f"{path} stores no config or session list: it cannot be evaluated on its own")
-    model = config_from_dict(state.config).model
-    return list(state.sessions), (model.patch_size, model.patch_stride)
+    state, cfg = trained_config(path)
+    return list(state.sessions), (cfg.model.patch_size, cfg.model.patch_stride)
 
 
 def check_members(checkpoints: Sequence[Path]) -> None:

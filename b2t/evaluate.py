@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from b2t.config import Config, ConfigError, config_from_dict
 from b2t.contract import BucketShape, trial_number
 from b2t.data.dataset import Dataset
 from b2t.data.loader import StreamConfig
@@ -33,7 +32,7 @@ from b2t.progress import progress_bar
 from b2t.signals import ignore_stop_signals
 from b2t.text import normalize_text, words_of
 from b2t.train.backend import CompileStats, make_backend
-from b2t.train.checkpoint import load_checkpoint, read_state
+from b2t.train.checkpoint import load_checkpoint, trained_config
 from b2t.train.checkpoint_checks import CheckpointError
 from b2t.train.step import Stepper
 from b2t.train.warmup import warm_up
@@ -224,13 +223,7 @@ class Evaluator:
     def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None) -> None:
         """backend: how to compile (default: the one the checkpoint was trained with)."""
         self.path = Path(checkpoint)
-        self.state = read_state(self.path)  # the header alone; load_checkpoint below reads the tensors
-        if not self.state.config or not self.state.sessions:
-            raise CheckpointError(f"{self.path} stores no config or session list: it cannot be evaluated on its own")
-        try:
-            self.cfg: Config = config_from_dict(self.state.config)
-        except ConfigError as e:
-            raise CheckpointError(f"{self.path}: its saved config does not fit this b2t: {e}") from None
+        self.state, self.cfg = trained_config(self.path)  # the header alone; load_checkpoint below reads the tensors
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
         model = build_model(self.cfg.model, len(self.state.sessions))
         load_checkpoint(self.path, model)

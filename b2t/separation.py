@@ -36,7 +36,7 @@ import h5py
 import numpy as np
 import torch
 
-from b2t.config import AugmentConfig, config_from_dict
+from b2t.config import AugmentConfig
 from b2t.contract import FEATURE_DTYPE
 from b2t.errors import DatasetError, MissingInput, UsageError
 from b2t.metrics import edit_distance, greedy_decode
@@ -45,8 +45,7 @@ from b2t.model.noise_separating import NoiseSeparatingDecoder
 from b2t.model.noise_separating.decoder import CLEAN_HEAD, NOISY_HEAD
 from b2t.model.registry import build_model
 from b2t.train.augment import augment
-from b2t.train.checkpoint import load_checkpoint, read_state
-from b2t.train.checkpoint_checks import CheckpointError
+from b2t.train.checkpoint import load_checkpoint, trained_config
 
 GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t does not import preprocess)
 
@@ -127,10 +126,7 @@ class Checkpointed:
 
 
 def load_model(checkpoint: Path) -> Checkpointed:
-    state = read_state(checkpoint)
-    if not state.config or not state.sessions:
-        raise CheckpointError(f"{checkpoint} stores no config or session list: it cannot be rebuilt on its own")
-    cfg = config_from_dict(state.config)
+    state, cfg = trained_config(checkpoint)
     if cfg.model.family != "noise_separating":
         raise UsageError(f"{checkpoint} is a {cfg.model.family!r} model: only a noise_separating one has an estimate")
     model = build_model(cfg.model, len(state.sessions))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from b2t.config import AugmentConfig, GRUConfig, ModelConfig, NoiseSeparatingConfig
+from b2t.errors import MissingInput
 from b2t.model.noise_separating import NoiseSeparatingDecoder
 from b2t.separation import Checkpointed, Tally, clean_space, separation_report
 from preprocess.synth import preset_spec, write_dataset
@@ -119,7 +120,7 @@ def test_report_on_a_zero_estimate_and_on_the_true_one(data: Path) -> None:
 
 def test_report_refuses_data_without_ground_truth(tmp_path: Path) -> None:
     ckpt = Checkpointed(tiny_model(), ["t15.2023.08.11"], AugmentConfig())
-    with pytest.raises(ValueError, match="--ground-truth"):
+    with pytest.raises(MissingInput, match="--ground-truth"):
         separation_report(ckpt, tmp_path)
     with pytest.raises(ValueError, match="no reference phonemes"):
         separation_report(ckpt, tmp_path, "test")

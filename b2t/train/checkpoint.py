@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from b2t.atomic import atomic_write_bytes
+from b2t.config import Config, ConfigError, config_from_dict
 from b2t.errors import B2tError, MissingInput
 from b2t.paths import not_regular
 from b2t.train.checkpoint_checks import CheckpointError, check_meta, check_optimizer, check_tensors, check_weights
@@ -106,6 +107,18 @@ def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict
 def read_state(path: Path) -> TrainState:
     """The TrainState of a checkpoint, from its header alone (no tensor is read)."""
     return TrainState(**_read(path, with_tensors=False)[1]["state"])
+
+
+def trained_config(path: Path) -> tuple[TrainState, Config]:
+    """A checkpoint's state and the config it was trained with (from its header), for rebuilding
+    its model on its own; CheckpointError naming `path` when it cannot be."""
+    state = read_state(path)
+    if not state.config or not state.sessions:
+        raise CheckpointError(f"{path} stores no config or session list: it cannot be rebuilt on its own")
+    try:
+        return state, config_from_dict(state.config)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: its saved config does not fit this b2t: {e}") from None
 
 
 def read_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
