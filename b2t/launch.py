@@ -3,8 +3,8 @@
 Importing torch, torch_xla and the rest takes seconds, most of a short command's start-up, and
 Python's own SIGTERM handler ended a command stopped there with no line (exit -15). Each script
 of pyproject.toml enters through one of these functions, which installs `b2t.signals`' policy
-(a stop at once, one line, exit 128 + the signal) before importing the command's module; the
-command's own `installed` block then keeps this policy.
+(a stop at once, one line, exit 128 + the signal) before importing the command's module, and
+keeps it until the process has exited; the command's own `installed` block keeps this policy.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def command(name: str) -> Callable[[], object]:
 
 
 def _launch(name: str) -> None:
-    with signals.installed(name):
-        command(name)()
+    signals.install(name)
+    command(name)()
 
 
 def synth() -> None:

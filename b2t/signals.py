@@ -32,6 +32,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -102,18 +103,34 @@ an immediate stop its resource tracker removes the stopped pool's semaphores, as
 and warns of "leaked semaphore objects" while it does, which reads as a failure."""
 
 
+def _install(command: str) -> dict[int, Any] | None:
+    """Install the policy (the handlers it replaced), or None where one is in place already or
+    this is not the main thread (only the main thread may set handlers)."""
+    global _policy
+    if _policy is not None or threading.current_thread() is not threading.main_thread():
+        return None
+    _policy = _Policy(command)
+    if _TRACKER_NOISE not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_NOISE)
+    return {s: signal.signal(s, _policy.handle) for s in STOP_SIGNALS}
+
+
+def install(command: str) -> None:
+    """The stop policy for the rest of this process (a console script's, `b2t.launch`), kept
+    through the interpreter's exit: a signal in a finished command's last moments is recorded
+    or stops it with its line (Python's default handler, put back, ended it with exit -15)."""
+    _install(command)
+
+
 @contextmanager
 def installed(command: str) -> Iterator[None]:
     """The stop policy for the block (the whole of a command's run); nested calls keep the
     outer one, and the previous handlers come back at the end. A no-op off the main thread."""
     global _policy
-    if _policy is not None or threading.current_thread() is not threading.main_thread():
+    previous = _install(command)
+    if previous is None:
         yield
         return
-    _policy = _Policy(command)
-    previous = {s: signal.signal(s, _policy.handle) for s in STOP_SIGNALS}
-    if _TRACKER_NOISE not in sys.warnoptions:
-        sys.warnoptions.append(_TRACKER_NOISE)
     try:
         yield
     finally:

@@ -135,6 +135,25 @@ def test_a_signal_during_the_start_up_imports_is_a_stop_with_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    from b2t import launch
+
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)))  # while the process exits
+    sys.argv = ["b2t-plan", "--help"]
+    launch.plan()
+""")
+
+
+def test_a_signal_while_a_finished_command_exits_is_a_stop_with_one_line():
+    """The policy stays until the process is gone: put back at the command's end, Python's default
+    handler ended a command signalled in its last moments with exit -15 and no line (kill_resume,
+    a SIGTERM as a finished run shut down)."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, env=ENV, timeout=120)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM"), proc.stderr
+
+
 POLICY_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal, sys, time
     from b2t import signals
