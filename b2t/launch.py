@@ -3,8 +3,9 @@
 Importing torch, torch_xla and the rest takes seconds, most of a short command's start-up, and
 Python's own SIGTERM handler ended a command stopped there with no line (exit -15). Each script
 of pyproject.toml enters through one of these functions, which installs `b2t.signals`' policy
-(a stop at once, one line, exit 128 + the signal) before importing the command's module, and
-keeps it until the process has exited; the command's own `installed` block keeps this policy.
+(a stop at once, one line, exit 128 + the signal) before importing the command's module (the
+command's own `installed` block keeps it), and once the command has returned, holds the signals
+until the process has exited (`signals.hold`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def command(name: str) -> Callable[[], object]:
 
 def _launch(name: str) -> None:
     signals.install(name)
-    command(name)()
+    try:
+        command(name)()
+    finally:
+        signals.hold()  # the command is done: nothing is left to stop while the process exits
 
 
 def synth() -> None:

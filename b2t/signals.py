@@ -116,10 +116,16 @@ def _install(command: str) -> dict[int, Any] | None:
 
 
 def install(command: str) -> None:
-    """The stop policy for the rest of this process (a console script's, `b2t.launch`), kept
-    through the interpreter's exit: a signal in a finished command's last moments is recorded
-    or stops it with its line (Python's default handler, put back, ended it with exit -15)."""
+    """The stop policy for the rest of this process (a console script's, `b2t.launch`)."""
     _install(command)
+
+
+def hold() -> None:
+    """From here on SIGTERM and SIGINT wait (blocked), and the process's exit discards them: for a
+    command that has finished its work, so its exit code is its own. Python's finalization puts
+    the default handlers back, under which a signal in the last moments of the exit ended a
+    finished command with exit -15 and no line."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 
 @contextmanager
