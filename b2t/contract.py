@@ -32,7 +32,7 @@ FEATURE_DIM = 512
 # Compute: f32 master weights and optimizer state, bf16 autocast around the forward,
 # and the CTC loss in f32 (it is a long log-space recursion; bf16 loses it).
 # `train.compute_dtype: f32` turns the autocast off; `auto` (the default) does so only on
-# a CPU whose bf16 matmuls are emulated (AVX2 only: 10-40x slower than f32 there).
+# a CPU whose bf16 matmuls are emulated (AVX2 only: far slower than f32 there; docs/architecture.md).
 FEATURE_DTYPE = torch.bfloat16
 INDEX_DTYPE = torch.int32
 PARAM_DTYPE = torch.float32

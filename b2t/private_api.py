@@ -136,7 +136,7 @@ def raise_recompile_limit(at_least: int) -> None:
 
 def cpu_has_bf16_matmuls() -> bool:
     """Whether this CPU runs bf16 matmuls in its vector units (AVX512 or AMX); where not
-    (AVX2 only), torch emulates them, 10-40x slower than f32."""
+    (AVX2 only), torch emulates them, far slower than f32 (docs/architecture.md)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -150,7 +150,7 @@ class _HashingFile:
 @contextmanager
 def one_torch_thread() -> Iterator[None]:
     """Parallelism here is one shard per process; torch's own threads would only fight them
-    (the f32 -> bf16 copy ran 20x slower with 2 threads on a busy 2-core machine)."""
+    (on a busy machine the f32 -> bf16 copy ran many times slower with more threads)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
