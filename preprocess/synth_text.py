@@ -50,11 +50,6 @@ class TopicModel:
                 out += [self.function.words[i] for i in self.function.sample_ids(rng, gap)]
         return tuple(out)
 
-    def topic_of(self, word: str) -> int | None:
-        """The topic a content word belongs to; None for a function word."""
-        i = self.words.index(word)
-        return next((k for k, t in enumerate(self.topics) if i in t), None)
-
 
 def build_topic_model(words: Sequence[str], rng: np.random.Generator) -> TopicModel:
     """Function words first (FUNCTION_WORDS of them), the rest split at random into TOPICS topics."""

@@ -221,9 +221,10 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
 
 
 def print_times(rows: list[dict[str, Any]]) -> None:
-    """Seconds per 100 trials of each stage, the mean over the runs that have it (summary.json's stage times)."""
-    def mean(values: list[float]) -> str:
-        return f"{statistics.mean(values):.2f}" if values else "-"
+    """Seconds per 100 trials of each stage, the median over the runs that have it (summary.json's stage
+    times; the median, as other work on a shared machine slows some runs several times over)."""
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}" if values else "-"
 
     def per100(r: dict[str, Any], stage: str) -> float:
         return 100 * r["seconds"][stage] / r["trials"]
@@ -243,10 +244,10 @@ def print_times(rows: list[dict[str, Any]]) -> None:
                                                                     if "rescore" in r["seconds"]]),
     ]
     loads = [r["seconds"]["rescore_load"] for r in rows if "rescore_load" in r["seconds"]]
-    print("\n| stage | seconds per 100 trials |\n|---|---|")
+    print("\n| stage | seconds per 100 trials (median) |\n|---|---|")
     for name, values in stages:
-        print(f"| {name} | {mean(values)} |")
-    print(f"| loading transformers and the causal LM (once per run, s) | {mean(loads)} |")
+        print(f"| {name} | {median(values)} |")
+    print(f"| loading transformers and the causal LM (once per run, s) | {median(loads)} |")
 
 
 @click.command()
