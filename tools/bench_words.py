@@ -203,11 +203,15 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
     print()
     for m in models:
         for split in ("val", "test"):
+            default = value(m, "val_ngram", default=True) if split == "val" else value(m, "test_ngram_default")
             tuned, rescored = value(m, f"{split}_ngram" + ("_tuned" if split == "test" else "")), \
                 value(m, f"{split}_rescored")
+            if default is not None and tuned is not None:
+                print(f"{m}, {split}: tuned n-gram WER {tuned:.4f} <= default {default:.4f}: "
+                      f"{'met' if tuned <= default else 'NOT met'}")
             if tuned is not None and rescored is not None:
-                verdict = "met" if rescored < tuned else "NOT met"
-                print(f"{m}, {split}: rescored WER {rescored:.4f} < tuned n-gram {tuned:.4f}: {verdict}")
+                print(f"{m}, {split}: rescored WER {rescored:.4f} < tuned n-gram {tuned:.4f}: "
+                      f"{'met' if rescored < tuned else 'NOT met'}")
     seeds = [m for m in models if m.startswith("seed")]
     for e in (m for m in models if not m.startswith("seed")):
         for split in ("val", "test"):
