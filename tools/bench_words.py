@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rapidfuzz.distance import Levenshtein
 
 from b2t.metrics import ErrorRate
 from b2t.text import words_of
@@ -138,20 +139,28 @@ def _test_truth(hdf5: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
             for k, s in split_sentences(read_spec(hdf5), "test").items()}
 
 
-def test_scores(out: Path, truth: dict[tuple[str, int, int], tuple[str, str]]) -> tuple[float, float]:
-    """(PER, WER) of a test run's decoded phonemes and words against what the synth drew."""
+def scores(out: Path, truth: dict[tuple[str, int, int], tuple[str, str]]) -> dict[str, float]:
+    """A run's PER and WER and its phoneme errors by kind (insertions, deletions, substitutions),
+    against trials.jsonl's references, or on test, which has none, against what the synth drew."""
     per, wer = ErrorRate(), ErrorRate()
+    kinds = {"delete": 0, "insert": 0, "replace": 0}  # turning the decoded phonemes into the reference
     for line in (out / "trials.jsonl").read_text().splitlines():
         t = json.loads(line)
-        sentence, phonemes = truth[(t["session"], t["block"], t["trial"])]
-        per.add(t["session"], t["decoded_phonemes"].split(), phonemes.split())
+        sentence, phonemes = ((t["reference_words"], t["reference_phonemes"]) if t["reference_phonemes"] is not None
+                              else truth[(t["session"], t["block"], t["trial"])])
+        hyp = t["decoded_phonemes"].split()
+        per.add(t["session"], hyp, phonemes.split())
         wer.add(t["session"], words_of(t["decoded_words"]), words_of(sentence))
-    return per.rate(), wer.rate()
+        for op in Levenshtein.editops(hyp, phonemes.split()):
+            kinds[op.tag] += 1
+    return {"per": per.rate(), "wer": wer.rate(),
+            "errors": (kinds["delete"], kinds["insert"], kinds["replace"])}  # decoded: inserted, deleted, substituted
 
 
 def evaluate(data: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int, runs: Sequence[str],
              truth: dict[tuple[str, int, int], tuple[str, str]]) -> list[dict[str, Any]]:
-    """Every b2t-eval run not yet in results.jsonl, appended to it; all of its rows for `steps`."""
+    """Every b2t-eval run not yet in results.jsonl, appended to it; all of its rows for `steps`, with
+    their phoneme errors by kind (not kept in results.jsonl: counted again from each run's trials)."""
     log = data / "results.jsonl"
     done = [r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == steps] if log.exists() else []
     paths = {"lm": str(data / "lm.bin"), "causal_lm": str(data / "causal_lm")}
@@ -169,15 +178,17 @@ def evaluate(data: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]]
                 cmd += ["--weights", str(data / "eval" / tag / weights_from / "weights.json")]
             wall = _run(cmd)
             summary = json.loads((out / "summary.json").read_text())
-            per, wer = (summary["per"], summary["wer"]) if split == "val" else test_scores(out, truth)
+            found = scores(out, truth)
             row = {"model": model, "steps": steps, "run": name, "split": split, "wall_s": wall,
-                   "trials": summary["n_trials"], "seconds": summary["seconds"], "per": per,
-                   "members": [m["checkpoint"] for m in summary["members"]], "wer": wer,
+                   "trials": summary["n_trials"], "seconds": summary["seconds"], "per": found["per"],
+                   "members": [m["checkpoint"] for m in summary["members"]], "wer": found["wer"],
                    "tune": summary["tune"], "command": " ".join(cmd)}
             with log.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             done.append(row)
-            print(f"{model} {name}: PER {per:.4f} WER {wer:.4f} ({wall:.0f} s)", flush=True)
+            print(f"{model} {name}: PER {row['per']:.4f} WER {row['wer']:.4f} ({wall:.0f} s)", flush=True)
+    for row in done:
+        row["errors"] = scores(data / "eval" / f"{steps}-{row['model'].replace(' ', '_')}" / row["run"], truth)["errors"]
     return done
 
 
@@ -221,6 +232,8 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
                 best = min(members)
                 print(f"{e}, {split} PER {own:.4f}, members {' / '.join(f'{p:.4f}' for p in members)}: "
                       f"<= best member {best:.4f}: {'met' if own <= best else 'NOT met'}")
+                kinds = [" ".join(map(str, get(m, run)["errors"])) for m in (e, *seeds)]
+                print(f"  phoneme errors inserted deleted substituted: ensemble {kinds[0]}, members {' / '.join(kinds[1:])}")
     print_times(rows)
 
 
