@@ -3,7 +3,8 @@
 No machine here can download the real data, yet the preprocessor, the trainer, the demo and
 the tests need files in its exact layout (docs/data-format.md) holding structure a
 decoder can learn: sentences come from a seeded word bigram model over a built-in vocabulary
-(so an n-gram LM has something to learn too), each phoneme has its own 512-channel pattern
+(so an n-gram LM has something to learn too; `--text topics` gives them long-range structure
+that a 3-gram misses and a neural LM does not, `preprocess.synth_text`), each phoneme has its own 512-channel pattern
 held for a few bins plus noise, and each session mixes and shifts the channels its own way
 (a near-identity matrix and an offset), so the per-day input layers matter. Optionally
 (`--structured-noise-rank`) each trial also carries a slowly drifting low-rank non-speech
@@ -45,24 +46,26 @@ from preprocess.synth_core import (
     GROUND_TRUTH_NAME,
     PRESETS,
     SPEC_NAME,
+    TEXTS,
     TRUTH_PARTS,
     SynthSpec,
     SynthSummary,
     SynthTrial,
-    WordModel,
+    TextModel,
     _rng,
     build_word_model,
     generate_trials,
     load_lexicon,
     phoneme_patterns,
     preset_spec,
-    sample_sentence,
     session_days,
     session_names,
     write_trial,
 )
+from preprocess.synth_text import build_text_model
 
 __all__ = [
+    "build_text_model",
     "build_word_model",
     "draw_corpus",
     "GROUND_TRUTH_NAME",
@@ -88,7 +91,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
     written) and corpus.txt's included, so a decoder's lexicon covers the test set.
     """
     lexicon = load_lexicon()
-    model = build_word_model(list(lexicon), _rng(spec.seed, 0))
+    model = build_text_model(spec, list(lexicon))
     generate = _trial_generator(spec, model, lexicon)
     lengths: list[int] = []
     label_lens: list[int] = []
@@ -130,7 +133,7 @@ def write_dataset(spec: SynthSpec, out: Path) -> SynthSummary:
     )
 
 
-def _trial_generator(spec: SynthSpec, model: WordModel,
+def _trial_generator(spec: SynthSpec, model: TextModel,
                      lexicon: dict[str, tuple[int, ...]]) -> Callable[[int, str], Iterator[SynthTrial]]:
     """(day, split) -> that split's trials of that session, as the spec's preset makes them."""
     if spec.preset == "realistic":
@@ -141,13 +144,13 @@ def _trial_generator(spec: SynthSpec, model: WordModel,
     return partial(generate_trials, spec, model=model, lexicon=lexicon, patterns=phoneme_patterns(_rng(spec.seed, 1)))
 
 
-def draw_corpus(spec: SynthSpec, model: WordModel | None = None, n: int | None = None) -> list[tuple[str, ...]]:
-    """corpus.txt's sentences (`n` of them; default spec.corpus_sentences), from the spec's word
+def draw_corpus(spec: SynthSpec, model: TextModel | None = None, n: int | None = None) -> list[tuple[str, ...]]:
+    """corpus.txt's sentences (`n` of them; default spec.corpus_sentences), from the spec's text
     model: a larger `n` draws the same sentences first, then more (an LM that has read more text)."""
     if model is None:
-        model = build_word_model(list(load_lexicon()), _rng(spec.seed, 0))
+        model = build_text_model(spec, list(load_lexicon()))
     rng = _rng(spec.seed, 5)
-    return [sample_sentence(model, rng, spec.words) for _ in range(spec.corpus_sentences if n is None else n)]
+    return [model.sample(rng, spec.words) for _ in range(spec.corpus_sentences if n is None else n)]
 
 
 def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], str]:
@@ -157,7 +160,7 @@ def split_sentences(spec: SynthSpec, split: str) -> dict[tuple[str, int, int], s
     synthetic data is scored all the same (the trials are regenerated, features and all).
     """
     lexicon = load_lexicon()
-    generate = _trial_generator(spec, build_word_model(list(lexicon), _rng(spec.seed, 0)), lexicon)
+    generate = _trial_generator(spec, build_text_model(spec, list(lexicon)), lexicon)
     return {(session, t.block, t.trial): " ".join(t.words)
             for day, session in enumerate(session_names(spec)) for t in generate(day, split)}
 def foreign_entries(out: Path, spec: SynthSpec) -> list[str]:
@@ -235,6 +238,15 @@ def read_spec(out: Path) -> SynthSpec | None:
     "sessions, block offsets, non-speech with a part shared across trials (preprocess/synth_realistic.py); "
     "its defaults: --noise-std 0.5 --drift-std 0.1 --offset-std 0.1 --structured-noise-rank 4 "
     "(drift and offset per sqrt(day)); options given explicitly win.",
+)
+@click.option(
+    "--text",
+    type=click.Choice(list(TEXTS)),
+    default=SynthSpec.text,
+    show_default=True,
+    help="The sentences' text model. bigram: a word bigram, which a 3-gram LM of corpus.txt captures whole. "
+    "topics: each sentence about one of 8 topics, its content words 3 apart with function words between, "
+    "so a 3-gram never sees the topic and a neural LM of the sentence does (preprocess/synth_text.py).",
 )
 @click.option("--ground-truth", is_flag=True, help=f"Also write each trial's speech, offset and non-speech parts "
               f"to OUT/{GROUND_TRUTH_NAME} (docs/data-format.md); the rest of its features is white noise.")

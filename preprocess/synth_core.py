@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from importlib.resources import files
-from typing import Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -29,6 +29,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "realistic": {"noise_std": 0.5, "drift_std": 0.1, "offset_std": 0.1, "structured_noise_rank": 4},
 }
 """Each preset's defaults for the general options (any option given explicitly wins)."""
+TEXTS = ("bigram", "topics")
+"""The text models `--text` chooses from (`preprocess.synth_text`)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,13 @@ class SynthSpec:
     structured_noise_timescale: float = 50.0  # bins; the latents' lag-1 autocorrelation is exp(-1/this)
     preset: str = "basic"  # how speech, drift and offsets are made (PRESETS)
     ground_truth: bool = False  # also write GROUND_TRUTH_NAME
+    text: str = "bigram"  # the sentences' text model (TEXTS; preprocess.synth_text)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise UsageError(f"preset must be one of {', '.join(PRESETS)}, got {self.preset!r}")
+        if self.text not in TEXTS:
+            raise UsageError(f"text must be one of {', '.join(TEXTS)}, got {self.text!r}")
         for name in ("words", "bins_per_phoneme", "rest_bins"):
             lo, hi = getattr(self, name)
             if not 0 <= lo <= hi:
@@ -93,6 +98,14 @@ class SynthSummary:
     bytes: int
 
 
+class TextModel(Protocol):
+    """What draws the sentences (`--text`: `WordModel`, or `preprocess.synth_text.TopicModel`)."""
+
+    def sample(self, rng: np.random.Generator, n_words: tuple[int, int]) -> tuple[str, ...]:
+        """One sentence of n_words[0]..n_words[1] words (inclusive, uniform)."""
+        ...
+
+
 @dataclass(frozen=True)
 class WordModel:
     """A sparse word bigram model: where a sentence starts, and which words follow which."""
@@ -101,6 +114,18 @@ class WordModel:
     start: np.ndarray  # (V,) probabilities
     successors: np.ndarray  # (V, K) word indices
     weights: np.ndarray  # (V, K) probabilities, each row sums to 1
+
+    def sample(self, rng: np.random.Generator, n_words: tuple[int, int]) -> tuple[str, ...]:
+        return tuple(self.words[i] for i in self.sample_ids(rng, int(rng.integers(n_words[0], n_words[1] + 1))))
+
+    def sample_ids(self, rng: np.random.Generator, n: int) -> list[int]:
+        """n word indices: a start word, then each word's successor."""
+        w = int(rng.choice(len(self.words), p=self.start))
+        out = [w]
+        for _ in range(n - 1):
+            w = int(rng.choice(self.successors[w], p=self.weights[w]))
+            out.append(w)
+        return out
 
 
 @dataclass(frozen=True)
@@ -158,16 +183,6 @@ def build_word_model(words: Sequence[str], rng: np.random.Generator, n_successor
     successors = np.stack([(w + 1 + rng.choice(v - 1, n_successors, replace=False)) % v for w in range(v)])
     weights = np.tile(_zipf(n_successors), (v, 1))
     return WordModel(tuple(words), start, successors, weights)
-
-
-def sample_sentence(model: WordModel, rng: np.random.Generator, n_words: tuple[int, int]) -> tuple[str, ...]:
-    n = int(rng.integers(n_words[0], n_words[1] + 1))
-    w = int(rng.choice(len(model.words), p=model.start))
-    out = [w]
-    for _ in range(n - 1):
-        w = int(rng.choice(model.successors[w], p=model.weights[w]))
-        out.append(w)
-    return tuple(model.words[i] for i in out)
 
 
 def sentence_phonemes(words: Sequence[str], lexicon: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -289,7 +304,7 @@ def session_names(spec: SynthSpec) -> list[str]:
 
 
 def generate_trials(
-    spec: SynthSpec, day: int, split: str, model: WordModel, lexicon: dict[str, tuple[int, ...]], patterns: np.ndarray
+    spec: SynthSpec, day: int, split: str, model: TextModel, lexicon: dict[str, tuple[int, ...]], patterns: np.ndarray
 ) -> Iterator[SynthTrial]:
     """One split of one session, a trial at a time (so memory stays one trial).
 
@@ -303,7 +318,7 @@ def generate_trials(
     counts = spec.trials()
     first = sum(counts[s] for s in splits[: splits.index(split)])  # (block, trial) unique per session
     for i in range(counts[split]):
-        words = sample_sentence(model, rng, spec.words)
+        words = model.sample(rng, spec.words)
         labels = sentence_phonemes(words, lexicon)
         block, trial = divmod(first + i, spec.trials_per_block)
         parts = trial_parts(labels, recorded, rng, spec)

@@ -39,11 +39,10 @@ from preprocess.synth_core import (
     Parts,
     SynthSpec,
     SynthTrial,
-    WordModel,
+    TextModel,
     _rng,
     drifting_latents,
     noise_subspace,
-    sample_sentence,
     sentence_phonemes,
     session_days,
     structured_noise,
@@ -123,7 +122,7 @@ def shared_noise(n_bins: int, spec: SynthSpec, day: int) -> np.ndarray:
     return drifting_latents(n_bins, SHARED_RANK, spec.structured_noise_timescale, _rng(spec.seed, 11, day)) @ loadings
 
 
-def generate_trials(spec: SynthSpec, day: int, split: str, model: WordModel,
+def generate_trials(spec: SynthSpec, day: int, split: str, model: TextModel,
                     lexicon: dict[str, tuple[int, ...]], tables: SpeechTables) -> Iterator[SynthTrial]:
     """One split of one session in the realistic preset, a trial at a time, with its `Parts`."""
     mixing, session_offset = session_drift(spec, day)
@@ -135,7 +134,7 @@ def generate_trials(spec: SynthSpec, day: int, split: str, model: WordModel,
     counts = spec.trials()
     first = sum(counts[s] for s in splits[: splits.index(split)])
     for i in range(counts[split]):
-        words = sample_sentence(model, rng, spec.words)
+        words = model.sample(rng, spec.words)
         labels = sentence_phonemes(words, lexicon)
         block, trial = divmod(first + i, spec.trials_per_block)
         durations = rng.integers(spec.bins_per_phoneme[0], spec.bins_per_phoneme[1] + 1, len(labels))

@@ -1,30 +1,34 @@
-"""Words as the field gets them, measured on `b2t-synth --preset realistic`: val and test WER of
-greedy phonemes spelled into words, the n-gram beam at its default weights, the same beam with
-its weights tuned on val, the n-best rescored by a small causal LM (weights tuned with it), and
-an ensemble of the seeds' checkpoints; the time each stage adds per 100 trials.
+"""Words as the field gets them, measured on `b2t-synth --preset realistic`: per seed and for the
+seeds' ensemble, val and test WER of greedy phonemes spelled into words, the n-gram beam at its
+default weights, the same beam with its weights tuned on val, and its n-best rescored by a small
+causal LM (weights tuned on val with it); val and test PER of every member and the ensemble;
+the time each stage adds per 100 trials.
 
-Steps, each kept in WORKDIR and skipped when done (a re-run resumes):
-1. the realistic preset (5 sessions, --val-trials/--test-trials per session) and its tiny-recipe
-   shards (`tools/compare_families.make_dataset`); a 3-gram KenLM binary of its corpus.txt
-   (`b2t-lm build`); two tiny GPT-2s (`tools/tiny_causal_lm.py`): one trained on the same
-   corpus.txt, one on --lm-corpus-factor times as many sentences of the same word model
-   (`preprocess.synth.draw_corpus`; corpus.txt's come first), as an LLM has read more text
-   than the n-gram was built from;
-2. the tiny GRU trained --steps steps per seed, eager, f32 (`compare_families.train_run`);
+Steps, each kept in WORKDIR/words-TEXT and skipped when done (a re-run resumes):
+1. the realistic preset with `--text TEXT` (5 sessions, --val-trials/--test-trials per
+   session; `topics`, the default here, has long-range structure a 3-gram misses, see
+   preprocess/synth_text.py) and its tiny-recipe shards (`tools/compare_families.make_dataset`);
+   from the dataset's corpus.txt alone, a 3-gram KenLM binary (`b2t-lm build`) and a tiny GPT-2
+   (`tools/tiny_causal_lm.py`): both LMs read the same 3,000 sentences and nothing else.
+   Their log-probability per word of the test sentences (drawn apart from the corpus; a short
+   one may occur in it too, for both LMs alike) is printed
+   (`--lms-only` stops here);
+2. the tiny GRU trained --steps steps per seed (same shards and steps, train.seed = the
+   seed; eager, f32, `compare_families.train_run`);
 3. per seed and for the ensemble of all seeds, `b2t-eval` run as a user runs it: on val
    `--spell`, `--lm --tune` and `--lm --rescore --tune` (each writing weights.json), then on test
    `--spell`, `--lm`, `--lm --weights` and `--lm --rescore --weights` with the val weights.
-The test files carry no sentences (as the competition's); the test WER scores each run's
-decoded words against the sentences the synth drew (`preprocess.synth.split_sentences`).
-Every b2t-eval run's summary.json holds its stage times; WORKDIR/results.jsonl one line per run
-(runs of other --steps in the same WORKDIR share its dataset and LMs).
+The test files carry no sentences or phonemes (as the competition's); test WER and PER score
+each run's decoded words and phonemes against what the synth drew (`split_sentences`).
+Every b2t-eval run's summary.json holds its stage times; results.jsonl one line per run.
 
-    python tools/bench_words.py --workdir /tmp/bench_words --steps 250 --seeds 0 --seeds 1 --seeds 2
+    python tools/bench_words.py --workdir /tmp/bench_words --steps 600 --seeds 0 --seeds 1 --seeds 2
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rapidfuzz.distance import Levenshtein
 
 from b2t.metrics import ErrorRate
 from b2t.text import words_of
@@ -48,9 +53,13 @@ RUNS: dict[str, tuple[str, list[str], str | None]] = {
     "test_ngram_default": ("test", ["--lm", "{lm}"], None),
     "test_ngram_tuned": ("test", ["--lm", "{lm}"], "val_ngram"),
     "test_rescored": ("test", ["--lm", "{lm}", "--rescore", "{causal_lm}"], "val_rescored"),
-    "val_rescored_more": ("val", ["--lm", "{lm}", "--rescore", "{causal_lm_more}", "--tune"], None),
-    "test_rescored_more": ("test", ["--lm", "{lm}", "--rescore", "{causal_lm_more}"], "val_rescored_more"),
 }
+COLUMNS = [  # table column -> (val run, its WER untuned?, test run)
+    ("greedy + spell", "val_spell", False, "test_spell"),
+    ("n-gram, default", "val_ngram", True, "test_ngram_default"),
+    ("n-gram, tuned", "val_ngram", False, "test_ngram_tuned"),
+    ("+ rescored, tuned", "val_rescored", False, "test_rescored"),
+]
 
 
 def _run(cmd: list[str]) -> float:
@@ -62,140 +71,187 @@ def _run(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def prepare(work: Path, steps: int, seeds: list[int], val_trials: int, test_trials: int, lm_steps: int,
-            lm_corpus_factor: int) -> tuple[Path, Path, dict[str, list[Path]]]:
-    """Dataset, n-gram LM, causal LMs and the trained checkpoints; the models to evaluate by name."""
-    from preprocess.synth import draw_corpus, read_spec
-    from tools.compare_families import make_dataset, train_run
+def prepare_lms(data: Path, text: str, val_trials: int, test_trials: int, lm_steps: int) -> tuple[Path, Path]:
+    """The dataset, its shards, and both LMs of its corpus.txt."""
+    from tools.compare_families import make_dataset
     from tools.tiny_causal_lm import train_causal_lm
 
-    hdf5, shards = make_dataset(work, "words", 4, val_trials=val_trials, test_trials=test_trials)
-    if not (work / "lm.bin").exists():
-        _run([str(BIN / "b2t-lm"), "build", str(hdf5 / "corpus.txt"), "-o", str(work / "lm.bin")])
-    spec = read_spec(hdf5)
-    corpora = {"causal_lm": (hdf5 / "corpus.txt").read_text().splitlines(),
-               "causal_lm_more": [" ".join(s) for s in draw_corpus(spec, n=lm_corpus_factor * spec.corpus_sentences)]}
-    for name, corpus in corpora.items():
-        if not (work / name / "config.json").exists():
-            start = time.perf_counter()
-            train_causal_lm(corpus, work / name, steps=lm_steps, width=128)
-            print(f"{name}: {len(corpus)} sentences, {lm_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    hdf5, shards = make_dataset(data.parent, data.name, 4, val_trials=val_trials, test_trials=test_trials, text=text)
+    corpus = hdf5 / "corpus.txt"
+    if not (data / "lm.bin").exists():
+        _run([str(BIN / "b2t-lm"), "build", str(corpus), "-o", str(data / "lm.bin")])
+    if not (data / "causal_lm" / "config.json").exists():
+        start = time.perf_counter()
+        train_causal_lm(corpus.read_text().splitlines(), data / "causal_lm", steps=lm_steps, width=128)
+        print(f"causal LM: {lm_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+    return hdf5, shards
+
+
+def train_models(data: Path, shards: Path, steps: int, seeds: list[int]) -> dict[str, list[Path]]:
+    """The seeds' checkpoints, and their ensemble, by name."""
+    from tools.compare_families import train_run
+
     models = {}
     for seed in seeds:
-        run = work / "runs" / f"gru-{seed}-{steps}"
+        run = data / "runs" / f"gru-{seed}-{steps}"
         result = train_run(shards, run, "gru", seed, steps, steps, False)
         print(f"seed {seed}: val PER {result['per']:.4f} after {steps} steps "
               f"({result['steps_per_s']:.2f} steps/s)", flush=True)
         models[f"seed {seed}"] = [run / "best.safetensors"]
     if len(seeds) > 1:
         models[f"ensemble of {len(seeds)}"] = [m for ms in list(models.values()) for m in ms]
-    return hdf5, shards, models
+    return models
 
 
-def test_wer(out: Path, sentences: dict[tuple[str, int, int], str]) -> float:
-    """WER of a test run's decoded words against the sentences the synth drew."""
-    wer = ErrorRate()
+def lm_log_probs(data: Path, sentences: Sequence[str]) -> dict[str, float]:
+    """Natural-log probability per word (the sentence end counted as a word) of `sentences` under
+    the n-gram and under the causal LM: how much better the causal LM predicts unseen text."""
+    from flashlight.lib.text.dictionary import Dictionary
+
+    from b2t.words.beam import load_lm
+    from b2t.words.ngram import UNK
+    from b2t.words.rescore import CausalLMScorer
+
+    rows = [words_of(s) for s in sentences]
+    vocabulary = sorted({w for r in rows for w in r})
+    lm = load_lm(data / "lm.bin", Dictionary([*vocabulary, UNK]))
+    index = {w: i for i, w in enumerate(vocabulary)}
+    ngram = 0.0
+    for row in rows:
+        state = lm.start(False)
+        for w in row:
+            state, score = lm.score(state, index[w])
+            ngram += score
+        ngram += lm.finish(state)[1]
+    neural = sum(CausalLMScorer(data / "causal_lm", "cpu").score([" ".join(r) for r in rows], progress=False))
+    tokens = sum(len(r) + 1 for r in rows)
+    return {"ngram": ngram * math.log(10) / tokens, "causal_lm": neural / tokens, "sentences": len(rows)}
+
+
+def _test_truth(hdf5: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
+    """(session, block, trial) -> (sentence, phoneme string) of every test trial, drawn again from the spec."""
+    from b2t.phonemes import phoneme_string
+    from preprocess.synth import load_lexicon, read_spec, split_sentences
+    from preprocess.synth_core import sentence_phonemes
+
+    lexicon = load_lexicon()
+    return {k: (s, phoneme_string(sentence_phonemes(s.split(), lexicon)))
+            for k, s in split_sentences(read_spec(hdf5), "test").items()}
+
+
+def scores(out: Path, truth: dict[tuple[str, int, int], tuple[str, str]]) -> dict[str, float]:
+    """A run's PER and WER and its phoneme errors by kind (insertions, deletions, substitutions),
+    against trials.jsonl's references, or on test, which has none, against what the synth drew."""
+    per, wer = ErrorRate(), ErrorRate()
+    kinds = {"delete": 0, "insert": 0, "replace": 0}  # turning the decoded phonemes into the reference
     for line in (out / "trials.jsonl").read_text().splitlines():
         t = json.loads(line)
-        wer.add(t["session"], words_of(t["decoded_words"]), words_of(sentences[(t["session"], t["block"], t["trial"])]))
-    return wer.rate()
+        sentence, phonemes = ((t["reference_words"], t["reference_phonemes"]) if t["reference_phonemes"] is not None
+                              else truth[(t["session"], t["block"], t["trial"])])
+        hyp = t["decoded_phonemes"].split()
+        per.add(t["session"], hyp, phonemes.split())
+        wer.add(t["session"], words_of(t["decoded_words"]), words_of(sentence))
+        for op in Levenshtein.editops(hyp, phonemes.split()):
+            kinds[op.tag] += 1
+    return {"per": per.rate(), "wer": wer.rate(),
+            "errors": (kinds["delete"], kinds["insert"], kinds["replace"])}  # decoded: inserted, deleted, substituted
 
 
-def evaluate(work: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int,
-             runs: Sequence[str]) -> list[dict[str, Any]]:
-    from preprocess.synth import read_spec, split_sentences
-
-    log = work / "results.jsonl"
+def evaluate(data: Path, hdf5: Path, shards: Path, models: dict[str, list[Path]], steps: int, runs: Sequence[str],
+             truth: dict[tuple[str, int, int], tuple[str, str]]) -> list[dict[str, Any]]:
+    """Every b2t-eval run not yet in results.jsonl, appended to it; all of its rows for `steps`, with
+    their phoneme errors by kind (not kept in results.jsonl: counted again from each run's trials)."""
+    log = data / "results.jsonl"
     done = [r for r in map(json.loads, log.read_text().splitlines()) if r["steps"] == steps] if log.exists() else []
-    sentences = split_sentences(read_spec(hdf5), "test")
-    paths = {"lm": str(work / "lm.bin"), "causal_lm": str(work / "causal_lm"),
-             "causal_lm_more": str(work / "causal_lm_more")}
+    paths = {"lm": str(data / "lm.bin"), "causal_lm": str(data / "causal_lm")}
     for model, checkpoints in models.items():
         tag = f"{steps}-{model.replace(' ', '_')}"
         for name in [n for n in RUNS if n in runs]:  # val runs before the test runs applying their weights
             split, options, weights_from = RUNS[name]
             if any(r["model"] == model and r["run"] == name for r in done):
                 continue
-            out = work / "eval" / tag / name
+            out = data / "eval" / tag / name
             cmd = [str(BIN / "b2t-eval"), *map(str, checkpoints), str(shards), "--split", split,
                    "--backend", "eager", "--lexicon", str(hdf5 / "lexicon.txt"),
                    *(o.format(**paths) for o in options), "--out", str(out), "--no-progress"]
             if weights_from is not None:
-                cmd += ["--weights", str(work / "eval" / tag / weights_from / "weights.json")]
+                cmd += ["--weights", str(data / "eval" / tag / weights_from / "weights.json")]
             wall = _run(cmd)
             summary = json.loads((out / "summary.json").read_text())
-            row = {"model": model, "steps": steps, "run": name, "split": split, "wall_s": wall, "trials": summary["n_trials"],
-                   "seconds": summary["seconds"], "per": summary["per"],
-                   "members_per": [m["per"] for m in summary["members"]],
-                   "wer": summary["wer"] if split == "val" else test_wer(out, sentences),
+            found = scores(out, truth)
+            row = {"model": model, "steps": steps, "run": name, "split": split, "wall_s": wall,
+                   "trials": summary["n_trials"], "seconds": summary["seconds"], "per": found["per"],
+                   "members": [m["checkpoint"] for m in summary["members"]], "wer": found["wer"],
                    "tune": summary["tune"], "command": " ".join(cmd)}
             with log.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             done.append(row)
-            print(f"{model} {name}: WER {row['wer']:.4f} ({wall:.0f} s)", flush=True)
+            print(f"{model} {name}: PER {row['per']:.4f} WER {row['wer']:.4f} ({wall:.0f} s)", flush=True)
+    for row in done:
+        row["errors"] = scores(data / "eval" / f"{steps}-{row['model'].replace(' ', '_')}" / row["run"], truth)["errors"]
     return done
 
 
-def _cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = statistics.mean(values)
-    spread = f" ± {statistics.stdev(values):.3f}" if len(values) > 1 else ""
-    return f"{mean:.3f}{spread} ({' / '.join(f'{v:.3f}' for v in values)})" if len(values) > 1 else f"{mean:.3f}"
-
-
 def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
-    seeds = [m for m in models if m.startswith("seed")]
-    ensembles = [m for m in models if not m.startswith("seed")]
-
+    """The WER table (a row per model), the verdicts on rescoring and the ensemble, and the stage times."""
     def get(model: str, run: str) -> dict[str, Any] | None:
         return next((r for r in rows if r["model"] == model and r["run"] == run), None)
 
-    def wers(ms: list[str], run: str, default: bool = False) -> list[float]:
-        found = [get(m, run) for m in ms]
-        return [r["tune"]["default"]["wer"] if default else r["wer"] for r in found if r is not None]
+    def value(model: str, run: str, key: str = "wer", default: bool = False) -> float | None:
+        r = get(model, run)
+        return None if r is None else r["tune"]["default"]["wer"] if default else r[key]
 
-    lines = [("greedy phonemes spelled (--spell)", "val_spell", False, "test_spell"),
-             ("n-gram beam, default weights", "val_ngram", True, "test_ngram_default"),
-             ("n-gram beam, tuned on val", "val_ngram", False, "test_ngram_tuned"),
-             ("+ rescored by the causal LM (corpus.txt), tuned on val", "val_rescored", False, "test_rescored"),
-             ("+ rescored by a causal LM of more text, tuned on val", "val_rescored_more", False,
-              "test_rescored_more")]
-    print(f"| words | val WER, {', '.join(seeds)} | test WER | " + " | ".join(
-        f"{e}: val WER | test WER" for e in ensembles) + " |")
-    print("|---|---|---|" + "---|---|" * len(ensembles))
-    pers = []
-    for ms in (seeds, *([e] for e in ensembles)):
-        found = [get(m, "val_spell") for m in ms]
-        pers.append(_cell([r["per"] for r in found if r is not None]))
-    print(f"| val PER (greedy phonemes) | {pers[0]} | |" + "".join(f" {p} | |" for p in pers[1:]))
-    for label, val_run, default, test_run in lines:
-        cells = [_cell(wers(seeds, val_run, default)), _cell(wers(seeds, test_run))]
-        for e in ensembles:
-            cells += [_cell(wers([e], val_run, default)), _cell(wers([e], test_run))]
-        print(f"| {label} | {' | '.join(cells)} |")
-    for e in ensembles:
-        r = get(e, "val_spell")
-        if r is not None:
-            members = ", ".join(f"{p:.4f}" for p in r["members_per"])
-            print(f"\nval PER: {e} {r['per']:.4f}; its members {members} (best {min(r['members_per']):.4f})")
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    header = " | ".join(f"{c}: val | test" for c, *_ in COLUMNS)
+    print(f"| model | PER: val | test | WER, {header} |\n|---|" + "---|---|" * (len(COLUMNS) + 1))
+    for m in models:
+        cells = [value(m, "val_spell", "per"), value(m, "test_spell", "per")]
+        for _, val_run, default, test_run in COLUMNS:
+            cells += [value(m, val_run, default=default), value(m, test_run)]
+        print(f"| {m} | " + " | ".join(map(fmt, cells)) + " |")
+    print()
+    for m in models:
+        for split in ("val", "test"):
+            default = value(m, "val_ngram", default=True) if split == "val" else value(m, "test_ngram_default")
+            tuned, rescored = value(m, f"{split}_ngram" + ("_tuned" if split == "test" else "")), \
+                value(m, f"{split}_rescored")
+            if default is not None and tuned is not None:
+                print(f"{m}, {split}: tuned n-gram WER {tuned:.4f} <= default {default:.4f}: "
+                      f"{'met' if tuned <= default else 'NOT met'}")
+            if tuned is not None and rescored is not None:
+                print(f"{m}, {split}: rescored WER {rescored:.4f} < tuned n-gram {tuned:.4f}: "
+                      f"{'met' if rescored < tuned else 'NOT met'}")
+    seeds = [m for m in models if m.startswith("seed")]
+    for e in (m for m in models if not m.startswith("seed")):
+        for split in ("val", "test"):
+            run = f"{split}_spell"
+            own, members = value(e, run, "per"), [value(s, run, "per") for s in seeds]
+            if own is not None and None not in members:
+                best = min(members)
+                print(f"{e}, {split} PER {own:.4f}, members {' / '.join(f'{p:.4f}' for p in members)}: "
+                      f"<= best member {best:.4f}: {'met' if own <= best else 'NOT met'}")
+                kinds = [" ".join(map(str, get(m, run)["errors"])) for m in (e, *seeds)]
+                print(f"  phoneme errors inserted deleted substituted: ensemble {kinds[0]}, members {' / '.join(kinds[1:])}")
     print_times(rows)
 
 
 def print_times(rows: list[dict[str, Any]]) -> None:
-    """Seconds per 100 trials of each stage, the mean over the runs that have it (summary.json's stage times)."""
-    def mean(values: list[float]) -> str:
-        return f"{statistics.mean(values):.2f}" if values else "-"
+    """Seconds per 100 trials of each stage, the median over the runs that have it (summary.json's stage
+    times; the median, as other work on a shared machine slows some runs several times over)."""
+    def median(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f}" if values else "-"
 
     def per100(r: dict[str, Any], stage: str) -> float:
         return 100 * r["seconds"][stage] / r["trials"]
 
-    single = [r for r in rows if len(r["members_per"]) == 1]
-    ensemble = [r for r in rows if len(r["members_per"]) > 1]
+    single = [r for r in rows if len(r["members"]) == 1]
+    ensemble = [r for r in rows if len(r["members"]) > 1]
     beam = [r for r in rows if "spell" not in r["run"]]
     stages = [
         ("one checkpoint over the split (warm-up included)", [per100(r, "model") for r in single]),
-        (f"an ensemble of {len(ensemble[0]['members_per']) if ensemble else 0} checkpoints",
+        (f"an ensemble of {len(ensemble[0]['members']) if ensemble else 0} checkpoints",
          [per100(r, "model") for r in ensemble]),
         ("greedy phonemes spelled into words", [per100(r, "words") for r in rows if "spell" in r["run"]]),
         ("n-gram beam, 1 best", [per100(r, "words") for r in rows if r["run"] == "test_ngram_default"]),
@@ -205,29 +261,38 @@ def print_times(rows: list[dict[str, Any]]) -> None:
                                                                     if "rescore" in r["seconds"]]),
     ]
     loads = [r["seconds"]["rescore_load"] for r in rows if "rescore_load" in r["seconds"]]
-    print("\n| stage | seconds per 100 trials |\n|---|---|")
+    print("\n| stage | seconds per 100 trials (median) |\n|---|---|")
     for name, values in stages:
-        print(f"| {name} | {mean(values)} |")
-    print(f"| loading transformers and the causal LM (once per run, s) | {mean(loads)} |")
+        print(f"| {name} | {median(values)} |")
+    print(f"| loading transformers and the causal LM (once per run, s) | {median(loads)} |")
 
 
 @click.command()
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Dataset, LMs, runs, evaluations and results.jsonl (kept: a re-run resumes).")
-@click.option("--steps", default=250, show_default=True, help="Optimizer steps per training run.")
+              help="Datasets, LMs, runs, evaluations and results (kept: a re-run resumes).")
+@click.option("--text", type=click.Choice(["topics", "bigram"]), default="topics", show_default=True,
+              help="The synth's text model (b2t-synth --text).")
+@click.option("--steps", default=600, show_default=True, help="Optimizer steps per training run.")
 @click.option("--seeds", type=int, multiple=True, default=(0, 1, 2), show_default=True, help="train.seed values.")
-@click.option("--val-trials", default=40, show_default=True, help="Val trials per session (5 sessions).")
-@click.option("--test-trials", default=40, show_default=True, help="Test trials per session.")
+@click.option("--val-trials", default=60, show_default=True, help="Val trials per session (5 sessions).")
+@click.option("--test-trials", default=60, show_default=True, help="Test trials per session.")
 @click.option("--runs", type=click.Choice(list(RUNS)), multiple=True, default=tuple(RUNS), show_default=True,
               help="The b2t-eval runs to make (a test run with --weights needs its val run).")
-@click.option("--lm-steps", default=1500, show_default=True, help="Training steps of each causal LM.")
-@click.option("--lm-corpus-factor", default=10, show_default=True,
-              help="The second causal LM reads this many times corpus.txt's sentences from the same word model.")
-def main(workdir: Path, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int, runs: tuple[str, ...],
-         lm_steps: int, lm_corpus_factor: int) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    hdf5, shards, models = prepare(workdir, steps, list(seeds), val_trials, test_trials, lm_steps, lm_corpus_factor)
-    rows = evaluate(workdir, hdf5, shards, models, steps, runs)
+@click.option("--lm-steps", default=1500, show_default=True, help="Training steps of the causal LM.")
+@click.option("--lms-only", is_flag=True, help="Stop after the dataset, the LMs and their test-sentence log-probabilities.")
+def main(workdir: Path, text: str, steps: int, seeds: tuple[int, ...], val_trials: int, test_trials: int,
+         runs: tuple[str, ...], lm_steps: int, lms_only: bool) -> None:
+    data = workdir / f"words-{text}"
+    data.mkdir(parents=True, exist_ok=True)
+    hdf5, shards = prepare_lms(data, text, val_trials, test_trials, lm_steps)
+    truth = _test_truth(hdf5)
+    held_out = lm_log_probs(data, [s for s, _ in truth.values()])
+    print(f"log-probability per word of the {held_out['sentences']} test sentences: 3-gram "
+          f"{held_out['ngram']:.3f}, causal LM {held_out['causal_lm']:.3f} (nats)", flush=True)
+    if lms_only:
+        return
+    models = train_models(data, shards, steps, list(seeds))
+    rows = evaluate(data, hdf5, shards, models, steps, runs, truth)
     print()
     print_tables(rows, list(models))
 
