@@ -52,9 +52,9 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         "openxla-rng-in-graph",
         "Under torch.compile(backend='openxla') a dropout inside the compiled graph draws the same mask every call.",
-        "Models declare their masks (b2t.model.masks.DropoutMask); under openxla the compiled step draws them, "
+        "Models declare their masks (b2t.model.masks.DropoutMask); on XLA the compiled step draws them, "
         "and the augmentation noise, from a counter RNG keyed by a per-step seed tensor (b2t.train.rng, "
-        "Backend.rng); the other backends draw from torch's RNG.",
+        "Backend.rng); eager and inductor draw from torch's RNG.",
         None,
         "seen in the full training step with its islands (val PER stuck near 1 while the lazy backend learned); "
         "a compiled dropout on its own, reseeded per call, draws new masks, so there is no small reproduction",

@@ -47,7 +47,7 @@ RULES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("gradient reversal", ("reverse_gradient", "_ReverseGradient"), True),
     ("linear layers", ("Linear.",), True),
     ("gradient clipping", ("clip_grad", "_clip_grads", "_get_total_norm"), False),
-    ("zero gradients", ("zero_grad",), False),
+    ("zero gradients", ("zero_grad",), False),  # checkouts before gradients lived within a step
     ("AdamW", ("adam", "Adam", "_use_grad"), False),
     ("learning rates", ("set_lrs",), False),
     ("eval outputs", ("_forward_eval", "_evaluate", "gathered"), False),

@@ -12,7 +12,7 @@ placed over the run's mesh and weights sharded as `SpmdMesh` does, under the run
   other placeholders, so each is compiled on its own, as the bridge compiles them.
 
 What differs from a run, and why it does not change the graph:
-- weights, gradients and AdamW moments are placeholders (XLA tensors with no buffer), so a
+- weights and AdamW moments are placeholders (XLA tensors with no buffer), so a
   687M model traces in the memory of one batch; under fsdp they carry the weight sharding as
   an annotation on the argument (`TraceBackend.shard`), which the TPU compile step moves
   onto the argument itself (`b2t.tpu.compiler`), as a sharded device tensor would carry it;
@@ -154,7 +154,7 @@ class TraceBackend(Backend):
         return xs.annotate_custom_sharding(t, self.mesh.mesh, (None,) * t.dim()).global_tensor
 
     def shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        """fsdp: each weight, gradient and moment annotated with `SpmdMesh.weight_spec` (a
+        """fsdp: each weight and moment annotated with `SpmdMesh.weight_spec` (a
         placeholder has no data to split, so the annotation is a graph node on it)."""
         if self.mesh is None or self.mesh.fsdp == 1:
             return
@@ -251,8 +251,9 @@ def _part_names(kind: str, cuts: int, spmd: bool, lazy: bool) -> list[str]:
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, backend: TraceBackend,
                  stepper: Stepper) -> dict[int, int]:
     """Data handle -> bytes per chip of every tensor a training run keeps on the device across its
-    graphs: weights, gradients, AdamW's moments and step counts. In evaluation (no optimizer here)
-    the run's gradients and moments still live beside the eval graph: counted under a negative key."""
+    graphs: weights, AdamW's moments and step counts (gradients live within a train step). In
+    evaluation (no optimizer here) the run's moments still live beside the eval graph: counted
+    under a negative key."""
     from b2t.train.mesh import FSDP_AXIS
 
     def per_chip(t: torch.Tensor, spec: tuple) -> int:
@@ -263,14 +264,14 @@ def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, back
     if optimizer is not None:
         owner = {}
         for p in model.parameters():
-            for t in (p, p.grad, *optimizer.state.get(p, {}).values()):
+            for t in (p, *optimizer.state.get(p, {}).values()):
                 if isinstance(t, torch.Tensor):
                     owner[id(t)] = (t, specs[id(p)] if t.shape == p.shape else ())
         tensors = stepper.training_state()
         return {d: per_chip(*owner[id(t)]) for t, d in zip(tensors, data_handles(tensors))}
     weights = list(model.parameters())
     share = dict(zip(data_handles(weights), (per_chip(p, specs[id(p)]) for p in weights)))
-    extra = sum(3 * per_chip(p, specs[id(p)]) + 4 for p in weights if p.requires_grad)  # grad, 2 moments, step count
+    extra = sum(2 * per_chip(p, specs[id(p)]) + 4 for p in weights if p.requires_grad)  # 2 moments, step count
     return {**share, -1: extra}
 
 

@@ -202,7 +202,7 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
     lines += ["", f"verdict (the TPU compiler's): {verdict}",
               f"compile time on this machine: {compile_s:.0f} s for {len(results)} steps "
               f"(a TPU host compiles the same graphs before the first step)",
-              "live: training state the run keeps beside a graph that it does not read (gradients and moments "
+              "live: training state the run keeps beside a graph that it does not read (the moments "
               "during a forward or an eval)",
               "planner: b2t-train --plan's shape-model estimate of the train step, for comparison", ""]
     lines += format_roofline(target, cfg, devices, results)

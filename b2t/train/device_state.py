@@ -16,16 +16,14 @@ from b2t.train.optim import step_count
 
 
 def start_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, backend: Backend) -> None:
-    """Zero gradients and AdamW's state (zero moments, step 0: what its first step would make),
-    as uploads (`Backend.zeros`): device data like every later state.
+    """AdamW's state (zero moments, step 0: what its first step would make), as uploads
+    (`Backend.zeros`): device data like every later state.
 
-    Gradients exist from the start, so the first backward accumulates like every later one (a
-    backward that creates .grad traces a different graph than one that adds to it). Without
-    the state up front the first step would trace a state-creating graph no later step
-    reuses, and restoring a pre-warm-up snapshot would bring that extra graph back.
+    Without the state up front the first step would trace a state-creating graph no later step
+    reuses, and restoring a pre-warm-up snapshot would bring that extra graph back. Gradients
+    need nothing: every step's backward creates them and its update drops them
+    (`Stepper.update`), the first step's as every later one's.
     """
-    for p in model.parameters():
-        p.grad = backend.zeros(p)
     for group in optimizer.param_groups:
         capturable = bool(group.get("capturable"))
         for p in group["params"]:
@@ -41,8 +39,8 @@ def start_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, bac
 @contextlib.contextmanager
 def preserved_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     backend: Backend) -> Iterator[Callable[[], None]]:
-    """Yield `restore`, which puts weights, gradients and optimizer state back as they were on
-    entry; it also runs on exit. Nothing to keep without an optimizer (evaluation changes no
+    """Yield `restore`, which puts weights and optimizer state back as they were on entry (between
+    steps there are no gradients); it also runs on exit. Nothing to keep without an optimizer (evaluation changes no
     weight).
 
     Kept as host copies, taken once (`mesh.host_copy`: a sharded tensor is read shard by
@@ -53,8 +51,7 @@ def preserved_state(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     if optimizer is None:
         yield lambda: None
         return
-    live = list(model.state_dict().values()) + [p.grad for p in model.parameters()]
-    live += [t for s in optimizer.state.values() for t in s.values()]
+    live = list(model.state_dict().values()) + [t for s in optimizer.state.values() for t in s.values()]
     saved = [host_copy(t) for t in live]
 
     def restore() -> None:

@@ -5,10 +5,11 @@ GSPMD: the process sees every device as one. The mesh has two axes, `data` x `fs
 
 - every batch tensor is split along its batch dim over both axes (N*M row shards), so
   every bucket's B must divide by N*M (`data.row_multiple` in the preprocessor makes it so);
-- with fsdp > 1, every parameter, its gradient and its two AdamW moments are split along
-  their largest dim that divides by M over the `fsdp` axis (replicated over `data`; a
-  tensor with no such dim stays whole): ZeRO-3 as sharding annotations, XLA inserting the
-  all-gathers before the weights are used and the reduce-scatters of the gradients;
+- with fsdp > 1, every parameter and its two AdamW moments are split along their largest
+  dim that divides by M over the `fsdp` axis (replicated over `data`; a tensor with no such
+  dim stays whole): ZeRO-3 as sharding annotations, XLA inserting the all-gathers before the
+  weights are used and the reduce-scatters of the gradients (which live within a step, split
+  as the weights they update);
 - with fsdp = 1 (`--devices N`, `--mesh data=N`) weights and AdamW state stay replicated and
   XLA inserts the gradient all-reduce.
 
@@ -127,7 +128,7 @@ class SpmdMesh:
         return tuple(spec)
 
     def shard_training_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        """Annotate every parameter, its `.grad` and its AdamW moments with `weight_spec` (fsdp > 1).
+        """Annotate every parameter (and `.grad`, within a step) and its AdamW moments with `weight_spec` (fsdp > 1).
 
         Done once, when the stepper is made (after any checkpoint load): a loaded or freshly
         zeroed tensor is whole on every device until annotated; the annotation then stays

@@ -11,11 +11,15 @@ backend and device. The hash is `lowbias32` (xor-shift-multiply, 32-bit), comput
 int32 with wrapping multiplies and logical shifts of the non-negative bits; good enough
 for augmentation noise and dropout masks, not for cryptography.
 
+Both XLA backends (openxla and lazy xla) draw from it: each number depends only on its
+element's global index, so under SPMD the draws split over the mesh like any element-wise op
+(torch's RNG on XLA is one rng-bit-generator of the whole tensor, which the partitioner keeps
+whole on every chip), and a mesh draws what one device does.
+
 Why not everywhere: as eager tensor ops the hash costs dozens of passes over every drawn
 element (measured on the tiny config: eager 9.0 -> 1.9 steps/s), where torch's RNG is one
-kernel. Backends whose compiled graphs draw fresh numbers (eager, inductor, lazy xla)
-use `TorchRng`, seeded per step by the trainer, so a resume still draws what an unbroken
-run did.
+kernel. Eager and inductor use `TorchRng`, seeded per step by the trainer, so a resume still
+draws what an unbroken run did.
 """
 
 from __future__ import annotations

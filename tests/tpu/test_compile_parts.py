@@ -97,7 +97,7 @@ with tempfile.TemporaryDirectory() as tmp:
     total, loops = r["total"], r["in_loops"]
     for name in ("day layers", "day layers (backward)", "augmentation and smoothing", "RNG", "dropout masks",
                  "patching", "patching (backward)", "GRU forward", "GRU backward", "CTC", "CTC (backward)",
-                 "gradient clipping", "AdamW", "zero gradients", "loss totals", "loss and objective"):
+                 "gradient clipping", "AdamW", "loss totals", "loss and objective"):
         assert total.get(name, 0) > 0, (name, total)
     # the recurrences are while-loops: the GRU's forward and backward walks and the CTC recursion
     assert loops["GRU forward"] > 0 and loops["GRU backward"] > 0 and loops["CTC"] > 0

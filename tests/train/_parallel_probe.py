@@ -70,7 +70,7 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
     optimizer = make_optimizer(model, cfg.optim)
     load_checkpoint(init, model, optimizer)
     stepper = Stepper(model, optimizer, backend, cfg)
-    backend.sync()  # the zero gradients and moments Stepper makes become device data, as after a warm-up
+    backend.sync()  # the zero moments Stepper makes become device data, as after a warm-up
     batches = probe_batches(shards, manifest, steps)
     start = backend.stats()
     trace = []
@@ -96,10 +96,9 @@ def run(shards: Path, init: Path, out_dir: Path, mesh: SpmdMesh | None, backend_
         "save_compilations": save_compilations,
         "batch_sharding": {k: sharding_spec(v) for k, v in placed.items()},
         "weight_sharding": {k: sharding_spec(v) for k, v in model.named_parameters()},
-        "grad_sharding": sharding_spec(first_gru.grad),
+        "grads_kept": sum(p.grad is not None for p in params),  # between steps: none (each step makes its own)
         "moment_sharding": sharding_spec(optimizer.state[first_gru]["exp_avg"]),
-        "state_bytes": {"weights": device_bytes(params), "grads": device_bytes(p.grad for p in params),
-                        "moments": device_bytes(moments)} if mesh is not None else {},
+        "state_bytes": {"weights": device_bytes(params), "moments": device_bytes(moments)} if mesh is not None else {},
         "fallbacks": fallbacks,  # ops run on the host during the steps and the eval
     }
 

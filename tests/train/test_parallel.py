@@ -167,9 +167,10 @@ def test_fsdp_trains_like_one_device_and_its_checkpoint_evaluates_on_one(hdf5, t
     model = GRUDecoder(3, load_config(TINY_CONFIG).model)
     for name, p in model.named_parameters():
         assert (many["weight_sharding"][name] == "{replicated}") == (shard_dim(p.shape, fsdp) is None), name
-    assert many["grad_sharding"] == many["moment_sharding"] == many["weight_sharding"]["gru.weight_ih_l0"]
-    whole = sum(p.numel() * 4 for p in model.parameters())  # f32 bytes of each: weights, grads, one moment
-    for part, copies in (("weights", 1), ("grads", 1), ("moments", 2)):
+    assert many["moment_sharding"] == many["weight_sharding"]["gru.weight_ih_l0"]
+    assert many["grads_kept"] == 0, "gradients live within a step"
+    whole = sum(p.numel() * 4 for p in model.parameters())  # f32 bytes of each: weights, one moment
+    for part, copies in (("weights", 1), ("moments", 2)):
         for held in many["state_bytes"][part]:  # per device
             assert copies * whole / fsdp <= held <= 1.3 * copies * whole / fsdp, (part, held, whole)
 

@@ -31,11 +31,11 @@ def _update_graph_hash(stepper: Stepper) -> bytes:
     """The hash of the lazy graph an optimizer update traces (clip + AdamW), not compiled: the
     graph's tensors in the order a sync takes them (creation order, by torch_xla's tensor id)."""
     model, optimizer = stepper.model, stepper.optimizer
-    for i, p in enumerate(model.parameters()):
-        p.grad.copy_(torch.full(p.shape, 0.01 * (i + 1)))
+    for i, p in enumerate(model.parameters()):  # what a backward leaves (uploads: device data)
+        p.grad = torch.full(p.shape, 0.01 * (i + 1)).to(p.device)
     stepper.update(1)
-    live = [*model.parameters(), *(p.grad for p in model.parameters()),
-            *(t for s in optimizer.state.values() for t in s.values()), *(g["lr"] for g in optimizer.param_groups)]
+    live = [*model.parameters(), *(t for s in optimizer.state.values() for t in s.values()),
+            *(g["lr"] for g in optimizer.param_groups)]
     live.sort(key=lambda t: torch_xla._XLAC._xla_get_tensor_id(t))
     return torch_xla._XLAC._get_graph_hash(live)
 

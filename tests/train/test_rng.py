@@ -1,6 +1,6 @@
 """The step's random draws: the counter RNG is a pure function of (seed, stream, index),
 the same on the host and on XLA; torch's RNG, reseeded, repeats itself; each backend gets
-the one its compiled graphs can use."""
+the one its compiled graphs can use (on XLA one a mesh splits by rows)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,18 @@ def test_torch_draws_repeat_after_the_same_seed():
         assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize(("name", "kind"), [("openxla", CounterRng), ("xla", TorchRng), ("eager", TorchRng)])
-def test_only_openxla_draws_from_the_counter_rng(name, kind):
+@pytest.mark.parametrize("name", ["xla", "openxla"])
+def test_the_xla_backends_draw_with_element_wise_ops_that_a_mesh_splits_by_rows(name):
+    """torch's RNG on XLA is one rng-bit-generator of the whole tensor, which GSPMD keeps whole
+    on every device (each chip drew every row's masks); the counter hash is element-wise."""
+    backend = make_backend(name)
+    seed = _seed(1, backend.device)
+    drawn = torch_xla._XLAC._get_xla_tensors_hlo([backend.rng(seed).uniform(5, (8, 16, 32))])
+    assert "rng-bit-generator" in torch_xla._XLAC._get_xla_tensors_hlo([TorchRng(backend.device).uniform(5, (8, 16, 32))])
+    assert "rng-bit-generator" not in drawn and "rng(" not in drawn
+
+
+@pytest.mark.parametrize(("name", "kind"), [("openxla", CounterRng), ("xla", CounterRng), ("eager", TorchRng)])
+def test_only_the_xla_backends_draw_from_the_counter_rng(name, kind):
     backend = make_backend(name, "cpu" if name == "eager" else None)
     assert isinstance(backend.rng(_seed(1, backend.device)), kind)
