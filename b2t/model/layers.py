@@ -4,7 +4,7 @@
   parameter each and indexed by the batch's day ids on the device (the baseline loops over
   days in Python and reads every id back to the host).
 - `patches` / `patch_counts`: windows of `size` bins every `stride` bins, built from
-  reshapes and contiguous slices (`Tensor.unfold` runs on the host under XLA).
+  strided slices (`Tensor.unfold` runs on the host under XLA).
 - `GRUStack`: torch's own multi-layer GRU parameters plus a learnable initial state, run by
   torch's kernel on CPU/CUDA and as one XLA while-loop per layer on XLA
   (`b2t.model.recurrence`), one custom op under torch.compile (`b2t.model.gru_op`).
@@ -167,25 +167,18 @@ def patches(x: torch.Tensor, size: int, stride: int) -> torch.Tensor:
     Row p is bins p*stride .. p*stride+size-1 in time order, the element order of the
     baseline's unfold/permute/reshape, with P = (T - size) // stride + 1.
 
-    Built from contiguous blocks, not a gather: time is cut into blocks of `stride` bins,
-    and window p is blocks p .. p+n-1 (n = ceil(size/stride)) cut to `size` bins. The
-    backward is then pads and adds; a gather's backward is a scatter-add over overlapping
-    windows (typically slow on accelerators), and `size` stride-step slices compiled about
-    ten times slower on XLA:CPU (1.5 s against 0.15 s for day layer + patching, fwd+bwd).
+    Built as `size` strided slices of whole bins, (B, P, F) each, concatenated along the
+    features: every piece stays F wide, so no dimension of `size` bins (14, not a multiple
+    of the TPU's 8-row tiles) is ever laid out, and the backward is padding and adds, not a
+    gather's scatter-add. Blocks of `stride` bins cut to `size` (the earlier form) made the
+    TPU compiler relay (B, P, size, F) tensors in copies of tens of thousands of LLO
+    instructions each (docs/tpu.md, where the compile time goes).
     """
-    n_batch, n_time, n_feat = x.shape
+    n_time = x.shape[1]  # (B, T, F)
     if n_time < size:
         raise ValueError(f"need at least patch_size={size} time bins, got T={n_time}")
-    n_patches = (n_time - size) // stride + 1
-    n_blocks = -(-size // stride)  # blocks a window touches
-    n_bins = stride * (n_patches + n_blocks - 1)  # bins the blocks cover
-    if n_time >= n_bins:
-        x = x[:, :n_bins]  # bins past the last window are never used
-    else:
-        x = F.pad(x, (0, 0, 0, n_bins - n_time))  # zeros only ever land past `size` in a window
-    blocks = x.reshape(n_batch, n_bins // stride, stride, n_feat)  # (B, P+n-1, stride, F)
-    windows = torch.cat([blocks[:, j : j + n_patches] for j in range(n_blocks)], dim=2)  # (B, P, n*stride, F)
-    return windows[:, :, :size].reshape(n_batch, n_patches, size * n_feat)
+    span = stride * ((n_time - size) // stride) + 1  # bins from a window's first to the last window's
+    return torch.cat([x[:, j : j + span : stride] for j in range(size)], dim=2)  # (B, P, size*F)
 
 
 def patch_counts(n_time_steps: torch.Tensor, size: int, stride: int) -> torch.Tensor:
