@@ -43,7 +43,7 @@ RULES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
      True),
     ("CTC", ("ctc_loss", "scan_nll", "_alpha_step", "ctc_feasible", "_ctc_per_head", "ctc_nll", "recompute_vjp"), True),
     ("day layers", ("DayLayer.",), True),
-    ("patching", ("patches",), True),
+    ("patching", ("patches", "_Patches."), True),
     ("gradient reversal", ("reverse_gradient", "_ReverseGradient"), True),
     ("linear layers", ("Linear.",), True),
     ("gradient clipping", ("clip_grad", "_clip_grads", "_get_total_norm"), False),

@@ -6,7 +6,7 @@ that keep the step on the device and its shape fixed:
 
 - the per-day input layers are one stacked parameter indexed by the batch's day ids on
   the device (the baseline loops over days in Python and reads each id back to the host);
-- patching is built from reshapes and contiguous slices instead of `Tensor.unfold`, which
+- patching is built from strided slices instead of `Tensor.unfold`, which
   XLA runs on the host; the element order is the baseline's, so its checkpoints give the
   same logits (`b2t.model.reference` converts them);
 - on XLA the GRU runs as one while-loop per layer (`recurrence.scan_layers`), so compile

@@ -4,7 +4,7 @@
   parameter each and indexed by the batch's day ids on the device (the baseline loops over
   days in Python and reads every id back to the host).
 - `patches` / `patch_counts`: windows of `size` bins every `stride` bins, built from
-  reshapes and contiguous slices (`Tensor.unfold` runs on the host under XLA).
+  strided slices (`Tensor.unfold` runs on the host under XLA).
 - `GRUStack`: torch's own multi-layer GRU parameters plus a learnable initial state, run by
   torch's kernel on CPU/CUDA and as one XLA while-loop per layer on XLA
   (`b2t.model.recurrence`), one custom op under torch.compile (`b2t.model.gru_op`).
@@ -168,25 +168,46 @@ def patches(x: torch.Tensor, size: int, stride: int) -> torch.Tensor:
     Row p is bins p*stride .. p*stride+size-1 in time order, the element order of the
     baseline's unfold/permute/reshape, with P = (T - size) // stride + 1.
 
-    Built from contiguous blocks, not a gather: time is cut into blocks of `stride` bins,
-    and window p is blocks p .. p+n-1 (n = ceil(size/stride)) cut to `size` bins. The
-    backward is then pads and adds; a gather's backward is a scatter-add over overlapping
-    windows (typically slow on accelerators), and `size` stride-step slices compiled about
-    ten times slower on XLA:CPU (1.5 s against 0.15 s for day layer + patching, fwd+bwd).
+    Built as `size` strided slices of whole bins, (B, P, F) each, concatenated along the
+    features: every piece stays F wide, so no dimension of `size` bins (14, not a multiple of
+    the TPU's 8-row tiles) is laid out; blocks of `stride` bins cut to `size` (the earlier form)
+    made the TPU compiler relay (B, P, size, F) tensors in copies of tens of thousands of LLO
+    instructions each (docs/tpu.md, where the compile time goes). The backward is `_Patches`'.
     """
-    n_batch, n_time, n_feat = x.shape
-    if n_time < size:
-        raise UsageError(f"need at least patch_size={size} time bins, got T={n_time}")
-    n_patches = (n_time - size) // stride + 1
-    n_blocks = -(-size // stride)  # blocks a window touches
-    n_bins = stride * (n_patches + n_blocks - 1)  # bins the blocks cover
-    if n_time >= n_bins:
-        x = x[:, :n_bins]  # bins past the last window are never used
-    else:
-        x = F.pad(x, (0, 0, 0, n_bins - n_time))  # zeros only ever land past `size` in a window
-    blocks = x.reshape(n_batch, n_bins // stride, stride, n_feat)  # (B, P+n-1, stride, F)
-    windows = torch.cat([blocks[:, j : j + n_patches] for j in range(n_blocks)], dim=2)  # (B, P, n*stride, F)
-    return windows[:, :, :size].reshape(n_batch, n_patches, size * n_feat)
+    if x.shape[1] < size:
+        raise UsageError(f"need at least patch_size={size} time bins, got T={x.shape[1]}")
+    return _Patches.apply(x, size, stride)
+
+
+class _Patches(torch.autograd.Function):
+    """`patches` with the backward of the earlier blocks form: the windows' gradients (B, P,
+    size, F) as n = ceil(size/stride) blocks of `stride` bins, each padded to its offset along P,
+    added last to first (autograd's order there: the same gradients, bit for bit, in eager) and
+    laid out as bins. Not autograd's backward of the strided slices: one interior pad of
+    (B, T, F) per slice, which the TPU compiler does not fuse, so openxla's backward module held
+    `size` of them at once (+296 MiB of temp for the baseline at T=498, B=64 on one v5e chip)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, size: int, stride: int) -> torch.Tensor:
+        ctx.shape = (x.shape[1], size, stride)
+        span = stride * ((x.shape[1] - size) // stride) + 1  # bins from a window's first to the last window's
+        return torch.cat([x[:, j : j + span : stride] for j in range(size)], dim=2)  # (B, P, size*F)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        n_time, size, stride = ctx.shape
+        n_batch, n_patches, width = grad.shape  # (B, P, size*F)
+        n_feat, n_blocks = width // size, -(-size // stride)
+        windows = F.pad(grad.reshape(n_batch, n_patches, size, n_feat), (0, 0, 0, n_blocks * stride - size))
+        total = None
+        for i in reversed(range(n_blocks)):
+            block = windows[:, :, i * stride : (i + 1) * stride]  # (B, P, stride, F)
+            block = F.pad(block, (0, 0, 0, 0, i, n_blocks - 1 - i))  # (B, P+n-1, stride, F)
+            total = block if total is None else total + block
+        bins = total.reshape(n_batch, (n_patches + n_blocks - 1) * stride, n_feat)  # (B, stride*(P+n-1), F)
+        if bins.shape[1] >= n_time:
+            return bins[:, :n_time], None, None  # bins past the last window get nothing
+        return F.pad(bins, (0, 0, 0, n_time - bins.shape[1])), None, None
 
 
 def patch_counts(n_time_steps: torch.Tensor, size: int, stride: int) -> torch.Tensor:

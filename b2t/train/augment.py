@@ -53,18 +53,23 @@ def gaussian_kernel(std: float, device: torch.device | str = "cpu") -> Tensor:
 def smooth(features: Tensor, kernel: Tensor) -> Tensor:
     """Convolve every channel along time with `kernel`, keeping length T ('same', zero padded).
 
-    One depthwise conv1d: a single op that lowers on XLA. Computed in float32 even under
+    A sum of K shifted slices of the zero-padded features, element-wise in float32 even under
     autocast (a bf16 sum of taps would lose the small features); returns the input dtype.
+    Not `F.conv1d`: a depthwise convolution wants time as its major dimension, so on the TPU
+    every tensor around it was transposed (tools/compile_parts.py: tens of thousands of LLO
+    instructions per copy), and the TPU multiplies an f32 convolution in bf16.
     """
-    _, _, n_feat = features.shape  # (B, T, F)
+    n_time = features.shape[1]  # (B, T, F)
     K = kernel.numel()
     if K % 2 != 1:
         raise ConfigError(f"smoothing kernel must have an odd length to stay centred, got {K}")
     with torch.autocast(device_type=features.device.type, enabled=False):
-        w = kernel.to(device=features.device, dtype=torch.float32).view(1, 1, K).expand(n_feat, 1, K)  # (F, 1, K)
-        x = features.to(torch.float32).transpose(1, 2)  # (B, F, T)
-        y = F.conv1d(x, w, padding=K // 2, groups=n_feat)  # (B, F, T)
-    return y.transpose(1, 2).to(features.dtype)  # (B, T, F)
+        w = kernel.to(device=features.device, dtype=torch.float32)  # (K,)
+        x = F.pad(features.to(torch.float32), (0, 0, K // 2, K // 2))  # (B, T + K - 1, F)
+        y = w[0] * x[:, :n_time]
+        for k in range(1, K):
+            y = y + w[k] * x[:, k : k + n_time]
+    return y.to(features.dtype)  # (B, T, F)
 
 
 def _zero_beyond(features: Tensor, n_time_steps: Tensor) -> Tensor:

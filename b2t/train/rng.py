@@ -82,6 +82,12 @@ def _flat_index(shape: tuple[int, ...], device: torch.device) -> Tensor:
     return index
 
 
+def _box_muller(u1: Tensor, u2: Tensor) -> Tensor:
+    """Standard normals from two uniform [0, 1) draws of one shape."""
+    radius = torch.sqrt(-2.0 * torch.log1p(-u1))  # log(1 - u), u < 1
+    return radius * torch.cos(2.0 * math.pi * u2)
+
+
 class CounterRng:
     """Uniform and normal draws keyed by (seed, stream); `stream` names one use of randomness."""
 
@@ -105,8 +111,7 @@ class CounterRng:
 
     def normal(self, stream: int, shape: tuple[int, ...]) -> Tensor:
         """f32 standard normal (Box-Muller over streams `stream` and `stream` + 1)."""
-        radius = torch.sqrt(-2.0 * torch.log1p(-self.uniform(stream, shape)))  # log(1 - u), u < 1
-        return radius * torch.cos(2.0 * math.pi * self.uniform(stream + 1, shape))
+        return _box_muller(self.uniform(stream, shape), self.uniform(stream + 1, shape))
 
     def integers(self, stream: int, high: int, shape: tuple[int, ...]) -> Tensor:
         """int32 uniform in 0..high-1."""
@@ -124,7 +129,12 @@ class TorchRng:
         return torch.rand(shape, dtype=torch.float32, device=self.device)
 
     def normal(self, stream: int, shape: tuple[int, ...]) -> Tensor:
-        return torch.randn(shape, dtype=torch.float32, device=self.device)
+        """Box-Muller over one uniform draw of (2, *shape), as `CounterRng`. Not `torch.randn`:
+        torch_xla draws its normals in pairs split along the first dimension, (B/2, 2, T, F), which
+        the TPU compiler relaid in copies of tens of thousands of LLO instructions
+        (tools/compile_parts.py)."""
+        u = self.uniform(stream, (2, *shape))
+        return _box_muller(u[0], u[1])
 
     def integers(self, stream: int, high: int, shape: tuple[int, ...]) -> Tensor:
         return torch.randint(0, high, shape, dtype=torch.int32, device=self.device)

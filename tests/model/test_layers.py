@@ -50,6 +50,23 @@ def test_patches_equal_the_reference_unfold(size, stride_frac, extra, n_rows, n_
     assert torch.equal(patches(x, size, stride), unfold_patches(x, size, stride))
 
 
+@given(
+    size=st.integers(1, 9),
+    stride=st.integers(1, 9),
+    extra=st.integers(0, 30),
+    seed=st.integers(0, 2**16),
+)
+def test_patches_gradient_is_the_reference_unfolds(size, stride, extra, seed) -> None:
+    """`patches` has its own backward (`layers._Patches`): it must give unfold's gradients,
+    also where windows overlap (stride < size) or skip bins (stride > size)."""
+    gen = torch.Generator(device=CPU).manual_seed(seed)
+    x = torch.randn(2, size + extra, 3, generator=gen, dtype=torch.float64, device=CPU, requires_grad=True)
+    grad = torch.randn(patches(x, size, stride).shape, generator=gen, dtype=torch.float64, device=CPU)
+    (got,) = torch.autograd.grad(patches(x, size, stride), x, grad)
+    (want,) = torch.autograd.grad(unfold_patches(x, size, stride), x, grad)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize(("size", "stride"), [(14, 4), (3, 1), (5, 5)])
 def test_output_lengths_match_the_bucket_formula(size: int, stride: int) -> None:
     n = torch.arange(0, 80, dtype=torch.int32, device=CPU)

@@ -25,6 +25,8 @@ def test_the_innermost_named_scope_decides_the_part_and_backward_copies_get_thei
     assert part("Stepper._heads_and_nll.1/augment.2/TorchRng.normal.3/aten__normal") == "RNG"
     assert part("Stepper._heads_and_nll.1/augment.2/aten__add") == "augmentation and smoothing"
     assert part("backward/Stepper._heads_and_nll.1/DayLayer.forward.5/aten__mul") == "day layers (backward)"
+    assert part("Stepper._heads_and_nll.1/GRUDecoder.forward.3/_Patches.forward.1/aten__slice") == "patching"
+    assert part("backward/GRUDecoder.forward.3/_Patches.backward.2/aten__add") == "patching (backward)"
     assert part("backward/gru_stack.1/_LazyGRULayers.backward.2/stack_backward.3/_walk_scan.4/aten__mm") == "GRU backward"
     # a scope that merely contains a rule's word does not match it
     assert part("scan_nll.1/aot_forward.74/Module._call_impl.1/aten__logsumexp") == "CTC"
