@@ -258,8 +258,11 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
                     *([Place("--weights", weights)] if weights else [])])
     ctx.with_resource(reading_dataset(dataset))  # no b2t-preprocess rewrites it meanwhile
     check_lm(p["lm"])
+    scorer, load_s = load_scorer(plan, p)
     data = Dataset.open(dataset)  # a missing shard is named when the split is read
-    results, members, tuned, seconds = run_stages(plan, checkpoints, data, p)
+    results, members, tuned, seconds = run_stages(plan, checkpoints, data, scorer, p)
+    if scorer is not None:
+        seconds = {"rescore_load": load_s, **seconds}
     split, out = p["split"], p["out"]
     excluded = excluded_trials(data.manifest, split)
     if excluded:
@@ -295,7 +298,18 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
         click.echo(f"wrote {p['csv_path']}: {len(rows)} rows")
 
 
-def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset,
+def load_scorer(plan: WordPlan | None, p: dict[str, Any]) -> tuple[Any, float]:
+    """The causal LM that rescores the n-best lists, if the plan asks for one, and the seconds it
+    took; loaded before anything else, so that a bad directory (or no transformers) stops here."""
+    if plan is None or plan.rescore is None:
+        return None, 0.0
+    from b2t.words.rescore import CausalLMScorer  # transformers: the rescore extra's
+
+    t0 = time.perf_counter()
+    return CausalLMScorer(plan.rescore, p["rescore_device"], p["rescore_batch"]), round(time.perf_counter() - t0, 3)
+
+
+def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset, scorer: Any,
                p: dict[str, Any]) -> tuple[list[TrialResult], list[Member], TuneResult | None, dict[str, float]]:
     """The model(s) over the split, then the word stages the plan asks for, each timed (seconds by stage)."""
     progress = not p["no_progress"]
@@ -306,12 +320,6 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
         nonlocal clock
         seconds[name], clock = round(time.perf_counter() - clock, 3), time.perf_counter()
 
-    scorer = None
-    if plan is not None and plan.rescore is not None:  # before the model runs: a bad directory stops here
-        from b2t.words.rescore import CausalLMScorer  # transformers: the rescore extra's
-
-        scorer = CausalLMScorer(plan.rescore, p["rescore_device"], p["rescore_batch"])
-        lap("rescore_load")
     if p["compile_cache"] is not None:
         use_compile_cache(p["compile_cache"])
     results, members = evaluate_checkpoints(checkpoints, data, p["split"], backend=p["backend"],

@@ -22,6 +22,7 @@ from b2t.config import CONFIG_DIR, TINY_CONFIG, MeshConfig, load_config
 from b2t.data.manifest import Manifest
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import build_model
+from b2t.run_dir import RunDir
 from b2t.train.backend import make_backend
 from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, save_checkpoint
 from b2t.train.loop import TrainingError, check_same_readers, run_model, weights_digest
@@ -304,9 +305,9 @@ def test_layouts_refuse_what_cannot_run(monkeypatch):
 
 def test_resume_under_another_reader_count_is_refused(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"kind": "layout", "parallel": "ddp", "world": 2}) + "\n")
-    check_same_readers(tmp_path, Layout("ddp", rank=0, world=2, devices=2))
+    check_same_readers(RunDir(tmp_path), Layout("ddp", rank=0, world=2, devices=2))
     with pytest.raises(TrainingError, match="trained with 2 data readers .* this run has 1: resume with 2"):
-        check_same_readers(tmp_path, Layout("single"))
+        check_same_readers(RunDir(tmp_path), Layout("single"))
 
 
 def _ddp_all_reduces(shards: Path, tmp_path: Path, grad_accum: int) -> int:
