@@ -25,7 +25,7 @@ import yaml
 from b2t.errors import B2tError
 
 BACKENDS = ("openxla", "xla", "inductor", "eager")
-"""How the step is compiled (`b2t.train.backend`): torch.compile on XLA, lazy whole-step XLA
+"""How the step is compiled (`b2t.engine.backend`): torch.compile on XLA, lazy whole-step XLA
 tracing, torch.compile with inductor (CUDA or CPU), or plain PyTorch."""
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The repository's configs/: baseline.yaml (the reference recipe) and tiny.yaml (tests, tools, the demo)."""
@@ -34,7 +34,7 @@ TINY_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 COMPUTE_DTYPES = ("auto", "bf16", "f32")
 """`train.compute_dtype`: the forward's matmuls under bf16 autocast, or in f32; auto: bf16
-except on a CPU without bf16 matmuls (`b2t.train.backend.Backend.compute_dtype`)."""
+except on a CPU without bf16 matmuls (`b2t.engine.backend.Backend.compute_dtype`)."""
 XLA_BACKENDS = ("openxla", "xla")
 """The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 

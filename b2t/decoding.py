@@ -26,7 +26,7 @@ from b2t.words.nbest import Hypothesis
 
 EvalStep = Callable[[Batch], tuple[Tensor, ...]]
 """A compiled eval step: batch -> (per-row loss (B,), greedy ids (B, P), output lengths (B,)
-[, log-probabilities (B, P, C)]), as `b2t.train.step.Stepper.eval_step` returns them."""
+[, log-probabilities (B, P, C)]), as `b2t.engine.step.Stepper.eval_step` returns them."""
 
 
 @dataclass(frozen=True)

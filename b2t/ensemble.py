@@ -23,11 +23,11 @@ import torch
 
 from b2t.data.dataset import Dataset
 from b2t.decoding import EvalSummary, TrialResult, summarize
+from b2t.engine.checkpoint import trained_config
 from b2t.errors import UsageError
 from b2t.evaluate import CompileCount, Evaluator
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.ctc import ctc_loss
-from b2t.train.checkpoint import trained_config
 
 
 @dataclass(frozen=True)

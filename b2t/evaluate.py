@@ -25,16 +25,15 @@ from b2t.data.dataset import Dataset
 from b2t.data.loader import StreamConfig
 from b2t.data.manifest import Manifest
 from b2t.decoding import TrialResult, decode_batches
+from b2t.engine.backend import CompileStats, make_backend
+from b2t.engine.checkpoint import trained_config
+from b2t.engine.checkpoint_checks import CheckpointError
+from b2t.engine.step import make_stepper
 from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
-from b2t.model.registry import build_model
 from b2t.progress import progress_bar
 from b2t.signals import ignore_stop_signals
 from b2t.text import normalize_text, words_of
-from b2t.train.backend import CompileStats, make_backend
-from b2t.train.checkpoint import load_checkpoint, trained_config
-from b2t.train.checkpoint_checks import CheckpointError
-from b2t.train.step import Stepper
 from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
 from b2t.words.beam import BeamOptions, WordDecoder
@@ -223,13 +222,10 @@ class Evaluator:
     def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None) -> None:
         """backend: how to compile (default: the one the checkpoint was trained with)."""
         self.path = Path(checkpoint)
-        self.state, self.cfg = trained_config(self.path)  # the header alone; load_checkpoint below reads the tensors
+        self.state, self.cfg = trained_config(self.path)  # the header alone; make_stepper reads the tensors
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
-        model = build_model(self.cfg.model, len(self.state.sessions))
-        load_checkpoint(self.path, model)
-        model = model.to(backend.device)
-        # never stepped: the Stepper wants one, and its eval graphs are the ones training validates with
-        self.stepper = Stepper(model, None, backend, self.cfg)
+        # never stepped: the Stepper's eval graphs are the ones training validates with
+        self.stepper = make_stepper(self.cfg, len(self.state.sessions), backend, optimizer=False, weights=self.path)
         backend.sync()  # run what construction queued, so warm-up traces the steady-state graphs
 
     def check_dataset(self, data: Dataset) -> None:

@@ -31,10 +31,10 @@ import torch
 
 from b2t.config import Config, ConfigError, config_from_dict, parse_yaml
 from b2t.data.manifest import MANIFEST_NAME, Manifest
+from b2t.engine.checkpoint import TrainState, save_checkpoint
 from b2t.errors import B2tError
 from b2t.model.reference import from_reference_state_dict, reference_shapes, strip_compile_prefix
 from b2t.model.registry import build_model
-from b2t.train.checkpoint import TrainState, save_checkpoint
 
 CHECKPOINT_NAME = "best_checkpoint"
 ARGS_NAME = "args.yaml"

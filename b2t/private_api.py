@@ -26,19 +26,19 @@ does the same but is read only once, at start-up).
 The rest are thin wrappers, each named after what b2t uses it for:
 `sharding_spec`, `local_shards`, `local_shard_indices` (`torch_xla._XLAC._get_xla_sharding_spec`,
 `_get_local_shards`, `_get_local_shard_replica_and_indices`: a sharded tensor read back shard
-by shard, b2t.train.mesh); `aot_autograd`, `openxla_eval_boxed` (`torch._dynamo.backends.common`,
-`torch._dynamo.backends.torchxla`: the SPMD openxla compiler, b2t.train.backend);
+by shard, b2t.engine.mesh); `aot_autograd`, `openxla_eval_boxed` (`torch._dynamo.backends.common`,
+`torch._dynamo.backends.torchxla`: the SPMD openxla compiler, b2t.engine.backend);
 `raise_recompile_limit` (`torch._dynamo.config.recompile_limit`); `gru_layer` (`torch._VF.gru`,
 the kernel `nn.GRU` calls, b2t.model.recurrence); `scan_no_grad`
 (`torch_xla.experimental.scan._scan_impl_pytree`: scan's loop without its autograd, whose
 saved activations would hold every step's copy of loop-invariant weights, b2t.model.recurrence);
 `cpu_has_bf16_matmuls` (`torch.ops.mkldnn._is_mkldnn_bf16_supported`: whether oneDNN runs bf16
-on this CPU's vector units, b2t.train.backend); `donate_buffer`, `buffer_donated`
+on this CPU's vector units, b2t.engine.backend); `donate_buffer`, `buffer_donated`
 (`torch_xla._XLAC._set_buffer_donation`, `_get_buffer_donation`: a tensor's current buffer offered
-to the next graph that reads it, b2t.train.backend.Backend.donate); `sharding_constraint`
+to the next graph that reads it, b2t.engine.backend.Backend.donate); `sharding_constraint`
 (`torch.ops.xla.aot_mark_sharding`, the traceable op behind torch_xla's `mark_sharding_with_gradients`,
-given the mesh and spec as text so dynamo traces it, b2t.train.mesh); `is_placeholder`
-(`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.tpu.capture);
+given the mesh and spec as text so dynamo traces it, b2t.engine.mesh); `is_placeholder`
+(`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.plan.capture);
 `push_xla_scope` (`torch_xla._XLAC.profiler.scope_pusher`: op-name scopes in the HLO metadata,
 tools/hlo_parts).
 """

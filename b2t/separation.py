@@ -38,14 +38,14 @@ import torch
 
 from b2t.config import AugmentConfig
 from b2t.contract import FEATURE_DTYPE
+from b2t.engine.augment import augment
+from b2t.engine.checkpoint import load_checkpoint, trained_config
 from b2t.errors import DatasetError, MissingInput, UsageError
 from b2t.metrics import edit_distance, greedy_decode
 from b2t.model.layers import patches
 from b2t.model.noise_separating import NoiseSeparatingDecoder
 from b2t.model.noise_separating.decoder import CLEAN_HEAD, NOISY_HEAD
 from b2t.model.registry import build_model
-from b2t.train.augment import augment
-from b2t.train.checkpoint import load_checkpoint, trained_config
 
 GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t does not import preprocess)
 

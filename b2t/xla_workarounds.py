@@ -43,9 +43,9 @@ WORKAROUNDS: tuple[Workaround, ...] = (
     Workaround(
         "special-scalars",
         "A 0-dim host value of 0 or 1 uploaded to XLA is traced as a graph constant, so a later value makes a new graph.",
-        "Per-step values and loss accumulators are uploaded (1,) tensors (b2t.train.backend.Backend.upload); "
-        "learning rates are (1,) tensors uploaded each step (b2t.train.optim); for the XLA backends "
-        "b2t.train.process.configure_process switches the handling off (b2t.private_api.scalars_as_device_data) "
+        "Per-step values and loss accumulators are uploaded (1,) tensors (b2t.engine.backend.Backend.upload); "
+        "learning rates are (1,) tensors uploaded each step (b2t.engine.optim); for the XLA backends "
+        "b2t.engine.process.configure_process switches the handling off (b2t.private_api.scalars_as_device_data) "
         "for AdamW's 0-dim step counters and the loss gradient seed.",
         "tests/test_xla_workarounds.py::test_sentinel_zero_dim_zero_is_a_graph_constant",
     ),
@@ -53,7 +53,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "openxla-rng-in-graph",
         "Under torch.compile(backend='openxla') a dropout inside the compiled graph draws the same mask every call.",
         "Models declare their masks (b2t.model.masks.DropoutMask); on XLA the compiled step draws them, "
-        "and the augmentation noise, from a counter RNG keyed by a per-step seed tensor (b2t.train.rng, "
+        "and the augmentation noise, from a counter RNG keyed by a per-step seed tensor (b2t.engine.rng, "
         "Backend.rng); eager and inductor draw from torch's RNG.",
         None,
         "seen in the full training step with its islands (val PER stuck near 1 while the lazy backend learned); "
@@ -70,8 +70,8 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "spmd-bridge-backward",
         "Under SPMD, dynamo's compiled backward graph re-run by the openxla bridge reads a forward input from the "
         "first call's buffer (wrong day-layer gradients from step 2).",
-        "b2t.train.backend.spmd_openxla: openxla forward graphs, backward graphs traced lazily into the step.",
-        "tests/train/test_parallel.py::test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has",
+        "b2t.engine.backend.spmd_openxla: openxla forward graphs, backward graphs traced lazily into the step.",
+        "tests/engine/test_parallel.py::test_spmd_openxla_avoids_the_bridge_bug_stock_openxla_has",
     ),
     Workaround(
         "precompile-not-reused",
@@ -81,14 +81,14 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "on the CPU runtime (docs/xla-facts.md).",
         "The warm-up compiles the xla backend's graphs by running its steps, one graph after another "
         "(b2t.train.warmup); side by side compiling is done by the TPU check with libtpu's own compile-only client "
-        "(b2t.tpu.side_by_side).",
+        "(b2t.plan.side_by_side).",
         "tests/test_xla_workarounds.py::test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync",
     ),
     Workaround(
         "spmd-async-trace",
         "Under SPMD, tracing the next step while the mesh still runs this one crashed the process inside torch_xla "
         "(a segfault building the scan backward's lowering, or a collective rendezvous timeout) within a few steps.",
-        "b2t.train.backend.Backend.sync waits for each step on a mesh.",
+        "b2t.engine.backend.Backend.sync waits for each step on a mesh.",
         None,
         "an intermittent crash: no test can make it happen on demand",
     ),

@@ -19,14 +19,14 @@ def step(shards: Path) -> dict[str, str]:
     from b2t.config import TINY_CONFIG, load_config
     from b2t.data.loader import StreamConfig, train_batches
     from b2t.data.manifest import Manifest
-    from b2t.train.backend import make_backend
-    from b2t.train.loop import run_model, weights_digest
-    from b2t.train.optim import make_optimizer
-    from b2t.train.step import Stepper
+    from b2t.engine.backend import make_backend
+    from b2t.engine.optim import make_optimizer
+    from b2t.engine.step import Stepper, seeded_model
+    from b2t.train.loop import weights_digest
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla"])
     manifest, backend = Manifest.load(shards), make_backend("xla")
-    model = run_model(len(manifest.sessions), cfg, backend)
+    model = seeded_model(cfg, len(manifest.sessions), backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
     shortest = next(b for b in train_batches(shards, manifest, StreamConfig()) if b.bucket == 0)  # the shortest T
     loss, norm = stepper.train_step([shortest], 1)

@@ -20,14 +20,14 @@ from b2t.cli.eval import eval_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.data.dataset import Dataset
 from b2t.data.manifest import Manifest
+from b2t.engine.backend import make_backend
+from b2t.engine.checkpoint import TrainState, load_checkpoint, read_checkpoint, read_state, save_checkpoint
+from b2t.engine.checkpoint_checks import CheckpointError
+from b2t.engine.device_state import start_training_state
+from b2t.engine.optim import make_optimizer
 from b2t.model.registry import build_model
-from b2t.train.backend import make_backend
-from b2t.train.checkpoint import TrainState, load_checkpoint, read_checkpoint, read_state, save_checkpoint
-from b2t.train.checkpoint_checks import CheckpointError
-from b2t.train.device_state import start_training_state
 from b2t.train.init_from import init_from_checkpoint
 from b2t.train.loop import _resume_state
-from b2t.train.optim import make_optimizer
 
 CFG = load_config(TINY_CONFIG, ["train.backend=eager"])
 

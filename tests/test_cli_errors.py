@@ -23,9 +23,9 @@ from b2t.cli.lm import main as lm_main
 from b2t.cli.rule import DEBUG_ENV, Command, Group, os_error_line
 from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG, load_config
+from b2t.engine.checkpoint import TrainState, save_checkpoint
 from b2t.errors import DatasetError
 from b2t.model.registry import build_model
-from b2t.train.checkpoint import TrainState, save_checkpoint
 from preprocess.cli import main as preprocess_main
 from preprocess.synth import main as synth_main
 from tests.test_import_baseline import reference_model, save_release

@@ -9,7 +9,7 @@ import pytest
 
 from b2t.buckets import batch_rows
 from b2t.config import CONFIG_DIR, ConfigError, load_config
-from b2t.train.plan import COMPETITION_BUCKETS
+from b2t.plan.memory import COMPETITION_BUCKETS
 
 
 def write(path, text):

@@ -31,12 +31,12 @@ from b2t.data.loader import StreamConfig, eval_batches
 from b2t.data.manifest import MANIFEST_NAME, Manifest, ShardEntry, file_sha256
 from b2t.data.mapped_tar import shard_samples
 from b2t.data.sample import decode_sample, encode_sample
+from b2t.engine.checkpoint import TrainState, save_checkpoint
+from b2t.engine.optim import make_optimizer
 from b2t.import_baseline import BaselineError, load_baseline
 from b2t.run_dir import MetricsError, read_records
-from b2t.train.checkpoint import TrainState, save_checkpoint
 from b2t.train.loop import RunOptions, TrainingError, _resume_state, train
 from b2t.train.metrics_log import MetricsLog
-from b2t.train.optim import make_optimizer
 from b2t.words.lexicon import LexiconError, load_lexicon
 from b2t.words.ngram import check_arpa
 from preprocess.hdf5_source import DataError, discover_sessions, scan_file, session_warnings

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from b2t.cli.train import train_main
 from b2t.config import TINY_CONFIG, load_config
 from b2t.data import loader
+from b2t.engine import devices
+from b2t.engine.devices import DeviceError, checked_device
 from b2t.errors import B2tError
-from b2t.tpu import compiler
-from b2t.train import devices
-from b2t.train.devices import DeviceError, checked_device
+from b2t.plan import compiler
 from b2t.train.loop import Run, RunOptions, TrainingError, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_17_out_of_memory_is_one_line_naming_where(tiny_dataset, tmp_path, monke
         raise oom
 
     if where == "model":
-        monkeypatch.setattr("b2t.train.loop.build_model", fail)
+        monkeypatch.setattr("b2t.engine.step.build_model", fail)
         expected = r"out of memory in building the model and its optimizer \(\[enforce fail"
     else:
         step = Run.step

@@ -23,10 +23,10 @@ from torch.nn.modules.rnn import GRU as TorchGRU  # `import torch_xla` rebinds n
 from b2t.cli.import_baseline import import_main
 from b2t.config import Config, config_from_dict
 from b2t.data.manifest import Manifest
+from b2t.engine.checkpoint import load_checkpoint
 from b2t.import_baseline import BaselineError, config_from_args, import_baseline
 from b2t.model.decoder import CTC_HEAD, GRUDecoder
 from b2t.model.registry import build_model
-from b2t.train.checkpoint import load_checkpoint
 
 CPU = torch.device("cpu")
 SESSIONS = ["t15.2023.08.11", "t15.2023.08.13", "t15.2023.08.18"]
@@ -118,7 +118,7 @@ def save_release(root: Path, model: ReferenceDecoder, args: dict | None = None,
 
 
 def load_ours(path: Path) -> tuple[GRUDecoder, list[str]]:
-    from b2t.train.checkpoint import read_checkpoint
+    from b2t.engine.checkpoint import read_checkpoint
 
     _, meta = read_checkpoint(path)
     cfg = meta["state"]["config"]["model"]

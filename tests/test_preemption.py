@@ -24,7 +24,7 @@ import pytest
 
 from b2t import signals
 from b2t.config import TINY_CONFIG, load_config
-from b2t.train.checkpoint import read_state
+from b2t.engine.checkpoint import read_state
 from b2t.train.loop import Run, RunOptions, train
 from b2t.train.resume import resume_or_start
 

@@ -121,7 +121,7 @@ def test_graph_breaks_counts_dynamos_breaks():
 
 
 def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_handles():
-    """The TPU check's trace (b2t.tpu.capture): an in-place update leaves its input named by the
+    """The TPU check's trace (b2t.plan.capture): an in-place update leaves its input named by the
     tensor's first data handle; the pending graph compiles without running (one more compilation)."""
     import torch_xla.debug.metrics as met
 
@@ -157,7 +157,7 @@ def test_an_asynchronous_results_data_handle_is_the_one_it_keeps():
 
 
 def test_a_donated_buffer_joins_the_step_barriers_own_donors_and_is_consumed():
-    """`donate_buffer` (b2t.train.backend.Backend.donate): at a sync the offered buffer is a donor
+    """`donate_buffer` (b2t.engine.backend.Backend.donate): at a sync the offered buffer is a donor
     beside the one torch_xla finds itself (an in-place update), so both are aliased, and the
     offered tensor's buffer is gone after the graph ran; a pending result cannot be offered."""
     import torch_xla.debug.metrics as met

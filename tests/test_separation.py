@@ -90,7 +90,7 @@ def test_the_truth_is_mapped_into_the_clean_path_by_its_day_layer_and_patches() 
 
 
 def _smoothed(x: torch.Tensor, n_bins: int) -> torch.Tensor:
-    from b2t.train.augment import augment
+    from b2t.engine.augment import augment
 
     return augment(x, torch.tensor([n_bins]), AugmentConfig(), train=False)[0]
 

@@ -3,7 +3,7 @@
 For each size (the baseline's real one: 5 x 768 GRU, B=64, patches of 14 bins every 4; and
 the tiny config's: 2 x 64, B=16) and each mode (eager; compiled with torch.compile's
 default compiler, inductor), two steps on the same synthetic batch:
-  - b2t: `b2t.train.step.Stepper` with the `eager` or `inductor` backend (its bf16 policy);
+  - b2t: `b2t.engine.step.Stepper` with the `eager` or `inductor` backend (its bf16 policy);
   - baseline: the public baseline's structure as docs/reference-baseline.md describes it
     (written here, not its code): one 512x512 weight and bias per day picked per row in
     Python, softsign, dropout, `Tensor.unfold` patching, `nn.GRU` with dropout between
@@ -38,11 +38,9 @@ from torch.nn.modules.rnn import GRU as TorchGRU
 
 from b2t.config import CONFIG_DIR, TINY_CONFIG, Config, load_config
 from b2t.contract import FEATURE_DIM, FEATURE_DTYPE, Batch, BucketShape, empty_batch
-from b2t.model.registry import build_model
+from b2t.engine.backend import make_backend
+from b2t.engine.step import make_stepper
 from b2t.phonemes import N_CLASSES
-from b2t.train.backend import make_backend
-from b2t.train.optim import make_optimizer
-from b2t.train.step import Stepper
 
 
 @dataclass(frozen=True)
@@ -142,8 +140,7 @@ def measure(impl: str, mode: str, size: str, T: int, args: argparse.Namespace) -
     batch = random_batch(BucketShape(T=T, B=cfg.data.batch_size, L=max(8, T // 12)), n_days)
     torch.manual_seed(0)
     if impl == "b2t":
-        model = build_model(cfg.model, n_days).to(device)
-        stepper = Stepper(model, make_optimizer(model, cfg.optim), make_backend(mode, device), cfg)
+        stepper = make_stepper(cfg, n_days, make_backend(mode, device))
         placed, done = Batch(0, batch, {}).to(device), [0]
 
         def step() -> None:

@@ -45,11 +45,9 @@ from b2t.config import TINY_CONFIG, XLA_BACKENDS, Config, load_config
 from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.engine.backend import Backend, make_backend
+from b2t.engine.step import Stepper, make_stepper
 from b2t.private_api import graph_breaks
-from b2t.train.backend import Backend, make_backend
-from b2t.train.loop import run_model
-from b2t.train.optim import make_optimizer
-from b2t.train.step import Stepper
 from b2t.train.warmup import warm_up
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
@@ -128,8 +126,7 @@ def timed(fn) -> float:
 def _stepper(name: str, manifest: Manifest, compute_dtype: str = "bf16") -> tuple[Stepper, torch.device]:
     backend = make_backend(name, "cpu" if name == "eager" else None)
     cfg = load_config(TINY_CONFIG, [f"train.backend={name}", f"train.compute_dtype={compute_dtype}"])
-    model = run_model(len(manifest.sessions), cfg, backend)
-    return Stepper(model, make_optimizer(model, cfg.optim), backend, cfg), backend.device
+    return make_stepper(cfg, len(manifest.sessions), backend), backend.device
 
 
 def _reference(manifest: Manifest) -> tuple[ReferenceDecoder, torch.optim.Optimizer, torch.device]:

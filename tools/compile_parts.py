@@ -2,7 +2,7 @@
 the TPU compiler's time.
 
 Each case traces one graph of the trainer as `b2t-plan --target` does
-(`b2t.tpu.capture`), with every instruction tagged by the part of the step that traced it
+(`b2t.plan.capture`), with every instruction tagged by the part of the step that traced it
 (`hlo_parts.tagged`), compiles it with libtpu for the target with its per-kernel log on, and
 prints one JSON line: instructions per part (and inside while-loop bodies), the compiler's
 stage durations (HLO passes, backend, code generation), and per part the TPU kernels
@@ -104,10 +104,10 @@ def measure(config: str, target: str, mesh: str, shape: str, kinds: str, days: i
     """(In the fresh process `run` starts.) Trace, tag, compile and print one JSON line per kind."""
     from b2t.config import load_config
     from b2t.contract import BucketShape
-    from b2t.tpu.capture import prepare_process, trace, trace_backend
-    from b2t.tpu.compiler import compile_for
-    from b2t.tpu.targets import parse_target
-    from b2t.train.mesh import parse_devices
+    from b2t.engine.mesh import parse_devices
+    from b2t.plan.capture import prepare_process, trace, trace_backend
+    from b2t.plan.compiler import compile_for
+    from b2t.plan.targets import parse_target
 
     hlo_parts = _this_clones_hlo_parts()
 

@@ -4,7 +4,7 @@ Builds the model of a config on N virtual XLA devices (on the CPU: CPU_NUM_DEVIC
 default), makes its stepper on each mesh in turn (which shards weights, gradients and AdamW
 moments under fsdp), runs two training steps on an all-padding batch, then reads back what
 torch_xla reports each device holds: the local shards of every parameter, gradient and
-moment (`b2t.train.mesh.device_bytes`). Prints one row per mesh and the ratio of the
+moment (`b2t.engine.mesh.device_bytes`). Prints one row per mesh and the ratio of the
 sharded figure to 1/N of the replicated one.
 
     python tools/fsdp_memory.py [--devices 8] [--set model.gru.n_units=256]
@@ -24,17 +24,14 @@ def training_state_bytes(mesh_cfg: MeshConfig, overrides: tuple[str, ...], shape
     """The most bytes any one device holds of the weights, gradients and moments after two
     steps on `mesh_cfg` (under fsdp each holds 1/fsdp of every evenly split tensor)."""
     from b2t.contract import Batch
-    from b2t.model.registry import build_model
-    from b2t.train.backend import make_backend
-    from b2t.train.mesh import device_bytes, enable_spmd
-    from b2t.train.optim import make_optimizer
-    from b2t.train.step import Stepper
+    from b2t.engine.backend import make_backend
+    from b2t.engine.mesh import device_bytes, enable_spmd
+    from b2t.engine.step import make_stepper
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla", *overrides])
     backend = make_backend("xla", mesh=enable_spmd(mesh_cfg, "xla"))
-    model = build_model(cfg.model, 4).to(backend.device)
-    optimizer = make_optimizer(model, cfg.optim)
-    stepper = Stepper(model, optimizer, backend, cfg)
+    stepper = make_stepper(cfg, 4, backend)
+    model, optimizer = stepper.model, stepper.optimizer
     for step in (1, 2):
         stepper.train_step([Batch(0, empty_batch(shape), {})], step)
     params = list(model.parameters())

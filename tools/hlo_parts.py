@@ -2,7 +2,7 @@
 
 Why: the TPU compiler's time follows what the graph holds, and the graph is one module
 of thousands of instructions with no names of b2t's own. So while the trainer's step is
-traced (`b2t.tpu.capture.trace`), `tagged()` names every op after the b2t (and torch optimizer,
+traced (`b2t.plan.capture.trace`), `tagged()` names every op after the b2t (and torch optimizer,
 clipping, nn) functions on the Python stack that traced it: a `sys.setprofile` hook pushes one
 torch_xla scope per such call (XLA_HLO_DEBUG puts the scopes into each instruction's
 `op_name`). Backward ops run on autograd's device thread, outside those calls: every autograd

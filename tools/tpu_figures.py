@@ -2,7 +2,7 @@
 compile time per bucket, each chip's share of the work, the roofline, and how the cost analysis
 counts a while-loop.
 
-Each case traces one graph of the trainer (b2t.tpu.capture) and compiles it with libtpu for
+Each case traces one graph of the trainer (b2t.plan.capture) and compiles it with libtpu for
 a target, in a fresh process (the trace fixes its CPU device count at start-up), and prints
 one JSON line; the driver prints markdown tables. Minutes per case for the large models on
 a 2-core machine, so every case's rows are kept in `--results` (JSON lines) and a case
@@ -32,7 +32,7 @@ from pathlib import Path
 import click
 
 REPO = Path(__file__).resolve().parents[1]
-LONGEST = "2498,64,88"  # the competition's longest bucket (b2t.train.plan.COMPETITION_BUCKETS)
+LONGEST = "2498,64,88"  # the competition's longest bucket (b2t.plan.memory.COMPETITION_BUCKETS)
 MESHES_8 = ("data=8", "fsdp=8", "data=2,fsdp=4")
 
 
@@ -62,10 +62,10 @@ def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides:
     """One traced and compiled step per kind, as a JSON line each."""
     from b2t.config import load_config
     from b2t.contract import BucketShape
-    from b2t.tpu.capture import prepare_process, trace_backend
-    from b2t.tpu.check import check_graph
-    from b2t.tpu.targets import parse_target
-    from b2t.train.mesh import parse_devices
+    from b2t.engine.mesh import parse_devices
+    from b2t.plan.capture import prepare_process, trace_backend
+    from b2t.plan.check import check_graph
+    from b2t.plan.targets import parse_target
 
     t = parse_target(target)
     mesh_cfg = parse_devices(None, mesh) if mesh else None
@@ -118,10 +118,10 @@ def _run(*args: str) -> list[dict]:
 
 
 def _verdict(r: dict) -> dict:
-    """The row with b2t.tpu.compiler's current verdict (a row kept from an earlier version of it
+    """The row with b2t.plan.compiler's current verdict (a row kept from an earlier version of it
     may say `fits` for a graph the compiler accepted but the chip cannot hold)."""
-    from b2t.tpu.compiler import Compiled, Memory, over_hbm, short_of_headroom
-    from b2t.tpu.targets import parse_target
+    from b2t.plan.compiler import Compiled, Memory, over_hbm, short_of_headroom
+    from b2t.plan.targets import parse_target
 
     if r["memory"]:
         m = r["memory"]
@@ -193,11 +193,11 @@ def calibration() -> None:
 
 def _bound(r: dict) -> tuple[float, float, float, str]:
     """A train row's per-chip FLOPs (cost analysis + the GRU loops' uncounted trips,
-    b2t.tpu.check.loop_flops), its bytes, and the roofline's ms per step and what bounds it."""
+    b2t.plan.check.loop_flops), its bytes, and the roofline's ms per step and what bounds it."""
     from b2t.config import load_config
     from b2t.contract import BucketShape
-    from b2t.tpu.check import loop_flops
-    from b2t.tpu.targets import parse_target
+    from b2t.plan.check import loop_flops
+    from b2t.plan.targets import parse_target
 
     target = parse_target(r["target"])
     cfg = load_config(REPO / r["config"], (f"train.grad_accum={r['grad_accum']}",))
@@ -271,7 +271,7 @@ def share(backends: tuple[str, ...], configs: tuple[str, ...]) -> None:
 @main.command("compile-times")
 def compile_times() -> None:
     """TPU compile seconds per bucket and graph, on this machine."""
-    from b2t.train.plan import COMPETITION_BUCKETS
+    from b2t.plan.memory import COMPETITION_BUCKETS
 
     print("| config | target | bucket | train compile s | eval compile s | train trace s |")
     print("|---|---|---|---|---|---|")
@@ -288,7 +288,7 @@ def compile_times() -> None:
 def targets() -> None:
     """Every slice compiles: the tiny config's train step (B=64, T=254) on each, data-parallel
     over its chips (v5e-64: a 16 x 4 data x fsdp mesh over 16 hosts' chips)."""
-    from b2t.tpu.targets import TARGETS
+    from b2t.plan.targets import TARGETS
 
     print("| target | chips | mesh | total MiB per chip | compile s | verdict |")
     print("|---|---|---|---|---|---|")
@@ -326,7 +326,7 @@ def loop_count() -> None:
         args += ["--set", s]
     from b2t.config import load_config
     from b2t.contract import BucketShape
-    from b2t.tpu.check import loop_flops
+    from b2t.plan.check import loop_flops
 
     missing = loop_flops(load_config(REPO / "configs/tiny.yaml", sets), BucketShape(T=T, B=B, L=8), B)
     for r in _run(*args):

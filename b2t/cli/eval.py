@@ -23,6 +23,7 @@ from b2t.config import BACKENDS, XLA_BACKENDS
 from b2t.data.dataset import Dataset
 from b2t.data.manifest import SPLITS
 from b2t.decoding import TrialResult, summarize
+from b2t.engine.devices import use_compile_cache
 from b2t.ensemble import Member, evaluate_checkpoints
 from b2t.errors import InputFileError, UsageError
 from b2t.eval_output import (
@@ -38,7 +39,6 @@ from b2t.eval_output import (
 from b2t.evaluate import WordRecipe, choose, decode_words, excluded_trials, rescore, submission_rows, tune_weights
 from b2t.paths import Place, RegularFile, refuse_clashes
 from b2t.run_lock import reading_dataset
-from b2t.train.devices import use_compile_cache
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.nbest import Weights
 from b2t.words.ngram import check_arpa, is_kenlm_binary

@@ -42,7 +42,7 @@ def run_config(config_path: Path | None, overrides: tuple[str, ...], backend: st
                mesh: str | None) -> Config:
     """The config file with its --set overrides, then --backend and --devices/--mesh (as `train.backend`,
     `mesh.data`, `mesh.fsdp` overrides, so each is checked as the config's own value)."""
-    from b2t.train.mesh import parse_devices
+    from b2t.engine.mesh import parse_devices
 
     if backend is not None:
         overrides = (*overrides, f"train.backend={backend}")

@@ -1,10 +1,10 @@
 """`b2t-plan`: does a run fit its devices, and how long will it compile? Answered before renting them.
 
 Two answers, from the same config, dataset buckets and mesh as `b2t-train`:
-- the shape model (`b2t.train.plan`): parameters per model part, the bucket table and the
+- the shape model (`b2t.plan.memory`): parameters per model part, the bucket table and the
   estimated memory per device, in a second; with --device-memory, the largest micro-batch that
   fits and the mesh it recommends;
-- with --target SLICE, the TPU compiler itself (`b2t.tpu.check`, libtpu, no TPU needed): every
+- with --target SLICE, the TPU compiler itself (`b2t.plan.check`, libtpu, no TPU needed): every
   graph of the run compiled for the slice, per bucket and chip the memory, compile time and the
   compiler's fit verdict (minutes for a large model).
 """
@@ -63,8 +63,8 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     """The shape model's plan for DATASET's buckets (else the competition data's) on the
     config's mesh, and with --device-memory the mesh of as many devices it recommends (no XLA
     start-up unless --devices all has to count the devices)."""
-    from b2t.train.devices import device_count
-    from b2t.train.plan import format_plan, parse_bytes, plan_memory
+    from b2t.engine.devices import device_count
+    from b2t.plan.memory import format_plan, parse_bytes, plan_memory
 
     buckets, n_days, source = _plan_data(dataset)
     xla = cfg.train.backend in XLA_BACKENDS
@@ -77,9 +77,9 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
 
 def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, jobs: int | None) -> str:
     """The TPU compiler's report on DATASET's buckets (else the competition data's)."""
-    from b2t.tpu.check import run_check
-    from b2t.tpu.side_by_side import default_jobs
-    from b2t.tpu.targets import parse_target
+    from b2t.plan.check import run_check
+    from b2t.plan.side_by_side import default_jobs
+    from b2t.plan.targets import parse_target
 
     chosen = parse_target(target)
     buckets, n_days, source = _plan_data(dataset)
@@ -91,7 +91,7 @@ def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, j
 def _plan_data(dataset: Path | None) -> tuple[list, int, str]:
     """(buckets, sessions, what they are) of DATASET's manifest, else of the competition data."""
     from b2t.data.dataset import Dataset
-    from b2t.train.plan import COMPETITION_BUCKETS, COMPETITION_DAYS
+    from b2t.plan.memory import COMPETITION_BUCKETS, COMPETITION_DAYS
 
     if dataset is None:
         return list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"

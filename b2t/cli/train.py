@@ -57,7 +57,7 @@ def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides
     cfg = run_config(config_path, overrides, backend, devices, mesh)
     refuse_clashes([Place("RUN_DIR", run_dir, tree=True)], [Place("DATASET", dataset, tree=True)])
     if compile_cache is not None:
-        from b2t.train.devices import use_compile_cache
+        from b2t.engine.devices import use_compile_cache
 
         use_compile_cache(compile_cache)
     summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,

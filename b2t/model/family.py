@@ -1,9 +1,9 @@
 """What a model family is: the interface the trainer, evaluator and planner rely on, and
 the parts every family shares.
 
-- `ModelFamily`: the members `b2t.train.step` (forward, `heads`, `decode_head`,
+- `ModelFamily`: the members `b2t.engine.step` (forward, `heads`, `decode_head`,
   `dropout_masks`, `output_lengths`, `schedule`, `loss_weights`), `b2t.evaluate` (through the
-  step) and `b2t.train.plan` (`heads`) use. A family is also an `nn.Module`: the trainer
+  step) and `b2t.plan.memory` (`heads`) use. A family is also an `nn.Module`: the trainer
   moves, shards, checkpoints and switches it between train and eval as one.
 - `FamilyConstructor`: how `b2t.model.registry` builds one (`FAMILIES` holds these).
 - `PatchingDecoder`: the base both families share: output frames are patches of the day
@@ -83,7 +83,7 @@ class PatchingDecoder(nn.Module, ABC):
 
     A subclass names its masks: `input_masks`, one per day layer, and `masked_grus`, its
     GRU stacks by mask name. The names are part of the numbers: each mask draws from a
-    stream picked by its name's sorted position (`b2t.train.step`).
+    stream picked by its name's sorted position (`b2t.engine.step`).
     """
 
     input_masks: ClassVar[tuple[str, ...]]

@@ -42,7 +42,7 @@ class DayLayer(nn.Module):
     so each day starts as the plain softsign of its features.
 
     Parameters `weight` (n_days, F, F) and `bias` (n_days, 1, F); the optimizer gives every
-    DayLayer's parameters the day group (`b2t.train.optim`), whatever the model calls it.
+    DayLayer's parameters the day group (`b2t.engine.optim`), whatever the model calls it.
     """
 
     def __init__(self, n_days: int, dim: int = FEATURE_DIM, *, device: torch.device = CPU) -> None:

@@ -4,7 +4,7 @@ Why declared: under `torch.compile(backend="openxla")` (torch_xla 2.9) a dropout
 inside the compiled graph used the same mask every step (`b2t.xla_workarounds`:
 openxla-rng-in-graph), and drawing outside costs one more graph per bucket. So a model lists
 the masks it needs (`dropout_masks(n_rows, n_time)`), the step draws uniforms for each one
-(from the step's seed tensor under openxla, `b2t.train.rng`), and the model multiplies by it."""
+(from the step's seed tensor under openxla, `b2t.engine.rng`), and the model multiplies by it."""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from b2t.config import Config
+from b2t.engine.checkpoint import read_checkpoint
+from b2t.engine.checkpoint_checks import check_weights
 from b2t.errors import B2tError
 from b2t.model.layers import day_parameters
-from b2t.train.checkpoint import read_checkpoint
-from b2t.train.checkpoint_checks import check_weights
 
 
 class InitError(B2tError, ValueError):

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from b2t import signals
+from b2t.engine.checkpoint import read_state
 from b2t.errors import B2tError
-from b2t.train.checkpoint import read_state
 
 
 class TrainingError(B2tError):

@@ -9,7 +9,7 @@
 after each step does what is due (`Run.log`, `Run.validate`, `Run.checkpoint`); `finish`
 writes the summary and checks the compile budget.
 
-Data-parallel runs (`b2t.train.parallel`): on an SPMD mesh one process steps every device
+Data-parallel runs (`b2t.engine.parallel`): on an SPMD mesh one process steps every device
 and nothing else changes; under torchrun every rank runs this loop on its share of the
 shards, and only rank 0 validates, writes checkpoints and `metrics.jsonl` (the other ranks
 log to `metrics.rank<r>.jsonl`).
@@ -38,22 +38,21 @@ from b2t.contract import Batch
 from b2t.data.dataset import Dataset
 from b2t.data.loader import StreamConfig
 from b2t.decoding import decode_batches, summarize
-from b2t.model.registry import build_model
+from b2t.engine.backend import Backend, CompileStats, describe, make_backend
+from b2t.engine.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
+from b2t.engine.mesh import check_divisible, host_copy
+from b2t.engine.optim import lr_at, make_optimizer
+from b2t.engine.parallel import Layout, close_ddp, make_layout, wrap_ddp
+from b2t.engine.step import TOTAL, Stepper, seeded_model
 from b2t.progress import progress_bar
 from b2t.run_dir import RunDir
 from b2t.run_lock import exclusive, reading_dataset, run_lock_name
 from b2t.train import interruptions, warmup
-from b2t.train.backend import Backend, CompileStats, describe, make_backend
-from b2t.train.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.train.init_from import init_from_checkpoint
 from b2t.train.interruptions import TrainingError
-from b2t.train.mesh import check_divisible, host_copy
 from b2t.train.metrics_log import MetricsLog
-from b2t.train.optim import lr_at, make_optimizer
-from b2t.train.parallel import Layout, close_ddp, make_layout, wrap_ddp
 from b2t.train.rates import TRAINING, StepClock
 from b2t.train.resume import resume_or_start, same_data_order, this_rank
-from b2t.train.step import TOTAL, Stepper
 from b2t.train.summary import finished_summary, run_times
 from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
 
@@ -84,12 +83,6 @@ def weights_digest(model: torch.nn.Module) -> str:
         h.update(k.encode())
         h.update(host_copy(v).numpy().tobytes())
     return h.hexdigest()
-
-
-def run_model(n_days: int, cfg: Config, backend: Backend) -> torch.nn.Module:
-    """The model a run starts from: seeded by `train.seed`, built for `n_days` sessions, on the device."""
-    torch.manual_seed(cfg.train.seed)
-    return build_model(cfg.model, n_days).to(backend.device)
 
 
 def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
@@ -209,7 +202,7 @@ def start_run(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, lay
     """Model, optimizer, resumed state, metrics log and stepper of a run (nothing compiled yet)."""
     if layout.kind == "spmd":
         check_divisible(data.buckets, layout.devices)
-    model = run_model(len(data.sessions), cfg, backend)
+    model = seeded_model(cfg, len(data.sessions), backend)
     forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
     optimizer = make_optimizer(model, cfg.optim)
     if opts.resume:

@@ -21,9 +21,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from b2t.config import Config
+from b2t.engine.parallel import torchrun_rank_world
 from b2t.run_dir import BEST, LAST, RunDir, scan_records
 from b2t.train.interruptions import TrainingError
-from b2t.train.parallel import torchrun_rank_world
 
 RESULT_KINDS = ("train", "val", "summary")
 """Metrics records that say steps were trained (the others: layout, compile, init)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from b2t.contract import Batch, BucketShape, empty_batch
-from b2t.train.device_state import preserved_state
-from b2t.train.step import Stepper
+from b2t.engine.device_state import preserved_state
+from b2t.engine.step import Stepper
 from b2t.train.warmup_progress import Piece
 
 

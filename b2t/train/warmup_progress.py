@@ -1,7 +1,7 @@
 """What a person sees while graphs compile: a numbered line per piece with its expected time,
 and the record of what each piece cost.
 
-The warm-up (`b2t.train.warmup`) and the TPU check (`b2t.tpu.check`) both compile a known
+The warm-up (`b2t.train.warmup`) and the TPU check (`b2t.plan.check`) both compile a known
 list of pieces, one after another today; whatever runs them (in turn or concurrently) tells
 `WarmUpReport.started` and `.finished` about each, so how the pieces are run can change
 without changing what is shown. Expected times come from `CompileEstimates`: the same
@@ -20,8 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from b2t.engine.backend import Backend
 from b2t.progress import duration, progress_bar
-from b2t.train.backend import Backend
 
 PIECE_RECORD = "compiled"
 """metrics.jsonl's kind for one warm-up piece: piece, index, of, graphs (None: not counted), seconds."""

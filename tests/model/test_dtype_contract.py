@@ -18,11 +18,11 @@ from torch import nn
 
 from b2t.config import Config, ConfigError, GRUConfig, ModelConfig, NoiseSeparatingConfig, TrainConfig
 from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, PARAM_DTYPE, Batch, BucketShape, empty_batch
+from b2t.engine.backend import make_backend
+from b2t.engine.optim import make_optimizer
+from b2t.engine.step import TOTAL, Stepper
 from b2t.model.layers import DayLayer, GRUStack, day_parameters
 from b2t.model.registry import build_model
-from b2t.train.backend import make_backend
-from b2t.train.optim import make_optimizer
-from b2t.train.step import TOTAL, Stepper
 from tests.strategies import family_configs
 
 N_DAYS = 3

@@ -37,8 +37,8 @@ from pathlib import Path
 import click
 
 from b2t.config import TINY_CONFIG
+from b2t.engine.checkpoint import read_state
 from b2t.run_dir import RunDir
-from b2t.train.checkpoint import read_state
 
 TRAIN = "from b2t.launch import train; train()"  # as the b2t-train script starts
 SETS = ("train.steps=40", "train.checkpoint_every=7", "train.log_every=5", "train.val_every=20",

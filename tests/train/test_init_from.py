@@ -7,10 +7,10 @@ import torch
 
 from b2t.config import TINY_CONFIG, config_from_dict, load_config
 from b2t.data.manifest import Manifest
+from b2t.engine.checkpoint import load_checkpoint
 from b2t.import_baseline import import_baseline
 from b2t.model.registry import build_model
 from b2t.run_dir import read_records
-from b2t.train.checkpoint import load_checkpoint
 from b2t.train.init_from import InitError, init_from_checkpoint
 from b2t.train.loop import RunOptions, train
 from preprocess.synth import SynthSpec, write_dataset

@@ -15,14 +15,14 @@ from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
+from b2t.engine.backend import Backend, make_backend
+from b2t.engine.optim import make_optimizer
+from b2t.engine.rng import CounterRng
+from b2t.engine.step import Stepper, seeded_model
 from b2t.errors import DatasetError
 from b2t.model.registry import FAMILIES
 from b2t.run_dir import TENSORBOARD
-from b2t.train.backend import Backend, make_backend
-from b2t.train.loop import RunOptions, TrainingError, run_model, train
-from b2t.train.optim import make_optimizer
-from b2t.train.rng import CounterRng
-from b2t.train.step import Stepper
+from b2t.train.loop import RunOptions, TrainingError, train
 from tools.compare_families import CONDITIONS, make_dataset, run_settings
 
 NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
@@ -103,7 +103,7 @@ def _stepper(backend_name, shards, config):
     cfg = load_config(config, [f"train.backend={backend_name}", "train.compute_dtype=bf16"])
     manifest = Manifest.load(shards)
     backend = make_backend(backend_name, None if backend_name != "eager" else "cpu")
-    model = run_model(len(manifest.sessions), cfg, backend)
+    model = seeded_model(cfg, len(manifest.sessions), backend)
     stepper = Stepper(model, make_optimizer(model, cfg.optim), backend, cfg)
     return stepper, (batch.to(backend.device) for batch in train_batches(shards, manifest, StreamConfig()))
 

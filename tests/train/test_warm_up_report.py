@@ -93,7 +93,7 @@ def test_disabled_reports_still_record(capsys):
 def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one(capsys):
     import torch
 
-    from b2t.train.backend import make_backend
+    from b2t.engine.backend import make_backend
 
     backend = make_backend("xla")
     x = torch.arange(21.0).reshape(7, 3).to(backend.device)
