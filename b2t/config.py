@@ -25,8 +25,9 @@ import yaml
 from b2t.errors import B2tError
 
 BACKENDS = ("openxla", "xla", "inductor", "eager")
-"""How the step is compiled (`b2t.engine.backend`): torch.compile on XLA, lazy whole-step XLA
-tracing, torch.compile with inductor (CUDA or CPU), or plain PyTorch."""
+"""How the step is compiled: the names of `b2t.engine.backend`'s classes (torch.compile on XLA,
+lazy whole-step XLA tracing, torch.compile with inductor on CUDA or CPU, plain PyTorch), which
+own everything else about them."""
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 """The repository's configs/: baseline.yaml (the reference recipe) and tiny.yaml (tests, tools, the demo)."""
 BASELINE_CONFIG = CONFIG_DIR / "baseline.yaml"
@@ -35,8 +36,6 @@ TINY_CONFIG = CONFIG_DIR / "tiny.yaml"
 COMPUTE_DTYPES = ("auto", "bf16", "f32")
 """`train.compute_dtype`: the forward's matmuls under bf16 autocast, or in f32; auto: bf16
 except on a CPU without bf16 matmuls (`b2t.engine.backend.Backend.compute_dtype`)."""
-XLA_BACKENDS = ("openxla", "xla")
-"""The backends that run on torch_xla (and so on a TPU, or the CPU with PJRT_DEVICE=CPU)."""
 
 
 class ConfigError(B2tError, ValueError):

@@ -45,7 +45,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "A 0-dim host value of 0 or 1 uploaded to XLA is traced as a graph constant, so a later value makes a new graph.",
         "Per-step values and loss accumulators are uploaded (1,) tensors (b2t.engine.backend.Backend.upload); "
         "learning rates are (1,) tensors uploaded each step (b2t.engine.optim); for the XLA backends "
-        "b2t.engine.process.configure_process switches the handling off (b2t.private_api.scalars_as_device_data) "
+        "b2t.engine.backend.XlaBackend.configure switches the handling off (b2t.private_api.scalars_as_device_data) "
         "for AdamW's 0-dim step counters and the loss gradient seed.",
         "tests/test_xla_workarounds.py::test_sentinel_zero_dim_zero_is_a_graph_constant",
     ),

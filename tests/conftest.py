@@ -1,5 +1,5 @@
 """Suite-wide settings: the XLA device is the CPU one (compiled with the faster loop emitters),
-b2t's process-wide settings made once, before any test (`b2t.engine.process`: no test depends
+b2t's process-wide settings made once, before any test (`b2t.engine.backend.configure_process`: no test depends
 on which test made them first), hypothesis prints reproduction blobs."""
 
 import os
@@ -17,7 +17,7 @@ if CPU_CODEGEN_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
 import torch_xla  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from b2t.engine.process import configure_process  # noqa: E402
+from b2t.engine.backend import configure_process  # noqa: E402
 
 configure_process("openxla")  # every non-SPMD setting: openxla's are a superset of the other backends'
 

@@ -41,11 +41,11 @@ import torch_xla.debug.metrics as met
 from torch import nn
 from tqdm import tqdm
 
-from b2t.config import TINY_CONFIG, XLA_BACKENDS, Config, load_config
+from b2t.config import BACKENDS, TINY_CONFIG, Config, load_config
 from b2t.contract import FEATURE_DTYPE, BucketShape, empty_batch
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
-from b2t.engine.backend import Backend, make_backend
+from b2t.engine.backend import Backend, backend_class, make_backend
 from b2t.engine.step import Stepper, make_stepper
 from b2t.private_api import graph_breaks
 from b2t.train.warmup import warm_up
@@ -241,8 +241,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="where the synthetic data goes (default: a temp dir)")
     ap.add_argument("--speed-only", action="store_true", help="only the steps/s table")
     ap.add_argument("--rounds", type=int, default=1, help="steps/s measurements per backend, alternating")
-    ap.add_argument("--backends", nargs="+", choices=(*XLA_BACKENDS, "inductor", "eager"),
-                    default=[*XLA_BACKENDS, "inductor", "eager"], help="the steps/s table's backends")
+    ap.add_argument("--backends", nargs="+", choices=BACKENDS,
+                    default=list(BACKENDS), help="the steps/s table's backends")
     ap.add_argument("--compute-dtype", choices=("bf16", "f32"), default="bf16",
                     help="train.compute_dtype of the steps/s table (f32 on CPUs without native bf16)")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one measurement, run by main itself
@@ -267,7 +267,7 @@ def compile_tables(root: Path, manifest: Manifest, args: argparse.Namespace) -> 
     n_buckets = len(manifest.buckets)
     print("\n## XLA compilations per bucket: the trainer's warm-up (train + eval graphs), then after it")
     print(f"| backend | warm-up, per bucket | {args.steps} training steps + eval after the warm-up |\n|---|---|---|")
-    for name in tqdm(XLA_BACKENDS, desc="warm-up counts"):
+    for name in tqdm([n for n in BACKENDS if backend_class(n).xla], desc="warm-up counts"):
         warm, after = in_subprocess(f"warm:{name}", root, args)
         print(f"| {name} | {warm / n_buckets:.1f} ({warm} for {n_buckets} buckets) | {after} |")
 

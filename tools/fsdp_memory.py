@@ -24,8 +24,8 @@ def training_state_bytes(mesh_cfg: MeshConfig, overrides: tuple[str, ...], shape
     """The most bytes any one device holds of the weights, gradients and moments after two
     steps on `mesh_cfg` (under fsdp each holds 1/fsdp of every evenly split tensor)."""
     from b2t.contract import Batch
-    from b2t.engine.backend import make_backend
-    from b2t.engine.mesh import device_bytes, enable_spmd
+    from b2t.engine.backend import enable_spmd, make_backend
+    from b2t.engine.mesh import device_bytes
     from b2t.engine.step import make_stepper
 
     cfg = load_config(TINY_CONFIG, ["train.backend=xla", *overrides])

@@ -19,10 +19,11 @@ import click
 from click.core import ParameterSource
 
 from b2t.cli.rule import Command
-from b2t.config import BACKENDS, XLA_BACKENDS
+from b2t.config import BACKENDS
 from b2t.data.dataset import Dataset
 from b2t.data.manifest import SPLITS
 from b2t.decoding import TrialResult, summarize
+from b2t.engine.backend import backend_class
 from b2t.engine.devices import use_compile_cache
 from b2t.ensemble import Member, evaluate_checkpoints
 from b2t.errors import InputFileError, UsageError
@@ -273,7 +274,7 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
     if len(members) > 1 and summary.loss is not None:
         click.echo("ensemble members: " + ", ".join(f"{m.checkpoint} PER {m.summary.per.rate():.4f}" for m in members))
     compilations = merge_compilations([m.compiles.to_dict() for m in members])
-    print_summary(summary, split, compilations, any(m.backend in XLA_BACKENDS for m in members),
+    print_summary(summary, split, compilations, any(backend_class(m.backend).xla for m in members),
                   len(data.buckets))
     print_samples(results)
     if tuned is not None:

@@ -17,7 +17,7 @@ import click
 
 from b2t.cli.options import backend_option, config_option, mesh_options, run_config, set_option
 from b2t.cli.rule import Command
-from b2t.config import XLA_BACKENDS, Config
+from b2t.config import Config
 from b2t.errors import UsageError
 
 
@@ -67,7 +67,9 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     from b2t.plan.memory import format_plan, parse_bytes, plan_memory
 
     buckets, n_days, source = _plan_data(dataset)
-    xla = cfg.train.backend in XLA_BACKENDS
+    from b2t.engine.backend import backend_class
+
+    xla = backend_class(cfg.train.backend).xla
     mesh = cfg.mesh
     count = device_count(xla) if mesh.data == -1 else mesh.data * mesh.fsdp
     memory = parse_bytes(device_memory) if device_memory is not None else None

@@ -24,17 +24,29 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from b2t.config import XLA_BACKENDS
+from b2t.config import BACKENDS, MeshConfig
 from b2t.contract import COMPUTE_DTYPE, LOSS_DTYPE, compute_dtype
-from b2t.engine.devices import checked_device
-from b2t.engine.mesh import SpmdMesh
-from b2t.engine.process import configure_process
+from b2t.engine.devices import checked_device, select_pjrt_device
+from b2t.engine.mesh import SpmdMesh, spmd_mesh
 from b2t.engine.rng import CounterRng, Rng, TorchRng
-from b2t.private_api import aot_autograd, cpu_has_bf16_matmuls, donate_buffer, openxla_eval_boxed
+from b2t.errors import UsageError
+from b2t.private_api import (
+    aot_autograd,
+    cpu_has_bf16_matmuls,
+    donate_buffer,
+    openxla_eval_boxed,
+    raise_recompile_limit,
+    scalars_as_device_data,
+)
+
+RECOMPILE_LIMIT = 64
+"""Dynamo graphs per compiled function before it silently runs the function eagerly: one per
+bucket shape, so well above any sensible bucket count."""
 
 
 @dataclass(frozen=True)
@@ -61,16 +73,25 @@ class CompileStats:
 
 @dataclass(frozen=True)
 class Backend:
-    name: str
+    """eager: the step as plain torch ops on a CPU or CUDA device, nothing compiled; the base of
+    the family, whose every other member owns its name, process settings, compile, RNG and stats."""
+
+    name: ClassVar[str] = "eager"
+    xla: ClassVar[bool] = False  # steps on an XLA device (lazy tensors, compiled graphs, counters)
+    compiles: ClassVar[bool] = False  # compiles graphs before the first step (the warm-up's work)
+
     device: torch.device
     mesh: SpmdMesh | None = None  # XLA SPMD: batches split along their batch dim, weights maybe sharded
     baseline: CompileStats = field(default_factory=lambda: CompileStats(0, {}))
     """The process's XLA counters when this backend was made: `stats` counts from there, so a
     run in a process that compiled before (a notebook, a test session) reports its own."""
 
-    @property
-    def xla(self) -> bool:
-        return self.device.type == "xla"
+    @classmethod
+    def configure(cls, spmd: bool = False) -> None:
+        """The process-wide settings a run on this backend needs, made before anything is traced
+        (`configure_process`); eager needs none, and cannot span an SPMD mesh."""
+        if spmd:
+            raise UsageError(f"an SPMD mesh needs an XLA backend, not {cls.name!r}")
 
     def place(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Batch tensors on the device (a no-op for ones already there), sharded on a mesh."""
@@ -126,19 +147,8 @@ class Backend:
         return {name: self.upload(v) for name, v in values.items()}
 
     def compile(self, fn: Callable) -> Callable:
-        """Compile `fn` for this backend; static shapes, since every bucket is its own graph."""
-        if self.name in ("eager", "xla"):
-            return fn
-        if self.name == "inductor":
-            # torch's own random kernels for the step's noise and dropout masks: inductor's
-            # generated CPU RNG loop took about 70 of a tiny step's 170 ms (docs/benchmarks.md).
-            return torch.compile(fn, backend="inductor", dynamic=False, options={"fallback_random": True})
-        return torch.compile(fn, backend=self.dynamo_backend(), dynamic=False)
-
-    def dynamo_backend(self) -> str | Callable:
-        """How openxla compiles dynamo's graphs: each through torch_xla's bridge; on a mesh the
-        backward graphs traced lazily into the step instead (`spmd_openxla`)."""
-        return "openxla" if self.mesh is None else spmd_openxla()
+        """`fn` as this backend runs it (eager: as it is); static shapes, every bucket its own graph."""
+        return fn
 
     def compute_dtype(self, name: str) -> torch.dtype:
         """`train.compute_dtype` `name` on this device: `auto` is bf16 on XLA and CUDA, and on
@@ -151,57 +161,152 @@ class Backend:
         return torch.autocast(self.device.type, dtype=COMPUTE_DTYPE, enabled=dtype != torch.float32)
 
     def donate(self, tensors: Iterable[torch.Tensor]) -> int:
-        """Offer each tensor's device buffer to the graph the next sync runs (XLA; elsewhere a
-        no-op): a step's new weights, gradients and AdamW state are then written into the buffers
-        they replace, so the training state exists once in device memory, not twice. Returns how
-        many were offered (a tensor without a device buffer, pending or on the host, is not).
+        """Offer each tensor's device buffer to the next graph's outputs: nothing off XLA (see
+        `XlaBackend.donate`). Returns how many were offered."""
+        return 0
+
+    def sync(self) -> None:
+        """Cut and run the lazy graph: nothing off XLA."""
+
+    def seed(self, seed: int) -> None:
+        """Seed torch's RNG, which `rng`'s draws come from: reseeding per step makes resumes exact."""
+        torch.manual_seed(seed)
+
+    def rng(self, seed: torch.Tensor) -> Rng:
+        """The random draws of one step: torch's RNG as `seed()` seeded it (faster here than the
+        counter RNG the XLA backends draw from; see `b2t.engine.rng`)."""
+        return TorchRng(seed.device)
+
+    def stats(self) -> CompileStats:
+        """Compilations and host fallbacks since this backend was made: none off XLA."""
+        return CompileStats(0, {})
+
+
+@dataclass(frozen=True)
+class InductorBackend(Backend):
+    """inductor: `torch.compile(backend="inductor")` on CUDA or the CPU."""
+
+    name: ClassVar[str] = "inductor"
+    compiles: ClassVar[bool] = True
+
+    @classmethod
+    def configure(cls, spmd: bool = False) -> None:
+        """Dynamo's recompile limit raised to `RECOMPILE_LIMIT` (one graph per bucket; past the
+        limit dynamo would run a bucket eagerly, silently)."""
+        super().configure(spmd)
+        raise_recompile_limit(RECOMPILE_LIMIT)
+
+    def compile(self, fn: Callable) -> Callable:
+        # torch's own random kernels for the step's noise and dropout masks: inductor's
+        # generated CPU RNG loop cost a tiny step more than its model (docs/benchmarks.md).
+        return torch.compile(fn, backend="inductor", dynamic=False, options={"fallback_random": True})
+
+
+@dataclass(frozen=True)
+class XlaBackend(Backend):
+    """xla: no dynamo; the whole step traced lazily into one graph (what `torch_xla.compile` does)."""
+
+    name: ClassVar[str] = "xla"
+    xla: ClassVar[bool] = True
+    compiles: ClassVar[bool] = True
+
+    @classmethod
+    def configure(cls, spmd: bool = False) -> None:
+        """- PJRT_DEVICE chosen unless set (the TPU where this host has one, else the CPU;
+          `devices.select_pjrt_device`), before torch_xla starts its runtime.
+        - 0-dim 0 and 1 values stay device data instead of graph constants
+          (`private_api.scalars_as_device_data`): AdamW's zero step counters, a snapshot restore
+          and the loss gradient seed would each trace graphs no later step reuses
+          (`b2t.xla_workarounds`: special-scalars).
+        - SPMD: torch_xla's `use_spmd()`, before the first XLA computation: the process sees the
+          mesh's devices as one."""
+        select_pjrt_device()
+        scalars_as_device_data()
+        if spmd:
+            import torch_xla.runtime as xr
+
+            xr.use_spmd()
+
+    def donate(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Offer each tensor's device buffer to the graph the next sync runs: a step's new weights
+        and AdamW state are then written into the buffers they replace, so the training state
+        exists once in device memory, not twice. Returns how many were offered (a tensor without
+        a device buffer, pending or on the host, is not).
 
         Why every step, explicitly: at a step barrier torch_xla donates only the inputs it can
         trace to an in-place update, and under SPMD that trace depends on which graph last wrote
-        each tensor (measured, tiny config on a 2 x 2 mesh: 52, 55 or 65 of its 65 state tensors).
-        The donors are part of a graph's hash, so a bucket revisited after another bucket's step
-        compiled its step again. The same tensors offered every step give the same donors and
-        hash, whatever ran before.
+        each tensor (docs/tpu.md). The donors are part of a graph's hash, so a bucket revisited
+        after another bucket's step compiled its step again. The same tensors offered every step
+        give the same donors and hash, whatever ran before.
         """
-        if not self.xla:
-            return 0
         return sum(donate_buffer(t) for t in tensors)
 
     def sync(self) -> None:
-        """Cut the lazy XLA graph here and run it (a no-op off XLA).
+        """Cut the lazy XLA graph here and run it. On an SPMD mesh, also wait for it: tracing the
+        next step while the mesh still ran this one crashed the process inside torch_xla
+        (`b2t.xla_workarounds`: spmd-async-trace)."""
+        import torch_xla
 
-        On an SPMD mesh, also wait for it: tracing the next step while the mesh still ran
-        this one crashed the process inside torch_xla (`b2t.xla_workarounds`: spmd-async-trace).
-        """
-        if self.xla:
-            import torch_xla
-
-            torch_xla.sync(wait=self.mesh is not None)
+        torch_xla.sync(wait=self.mesh is not None)
 
     def seed(self, seed: int) -> None:
-        """Seed torch's RNG (`TorchRng` draws from it, off XLA): reseeding per step makes resumes
-        exact. On XLA the counter RNG takes its seed as a tensor instead (`rng`)."""
-        if not self.xla:
-            torch.manual_seed(seed)
+        """Nothing: the counter RNG takes its seed as a tensor (`rng`)."""
 
     def rng(self, seed: torch.Tensor) -> Rng:
-        """The random draws of one compiled step whose seed is `seed` ((1,) int32 on the device).
-
-        XLA (openxla and xla): a `CounterRng` of `seed`. Under openxla torch's RNG inside its
+        """A `CounterRng` of `seed` ((1,) int32 on the device). Under openxla torch's RNG inside its
         graphs replays one draw (`b2t.xla_workarounds`: openxla-rng-in-graph); under SPMD torch's
         RNG is one rng-bit-generator of the whole batch, which the partitioner keeps whole, so
-        every chip drew every row's masks (the 687M model on v5e-8 `data=8`: 3.0 GiB of u32 bits
-        live at the step's memory peak, temp 6.10 GiB per chip, 5.23 with the counter hash), where
-        the counter hash is element-wise and splits by rows like the activations it multiplies.
-        Eager and inductor: torch's RNG, as seeded by `seed()` (faster there; see `b2t.engine.rng`).
-        """
-        return CounterRng(seed) if self.xla else TorchRng(seed.device)
+        every chip drew every row's masks (docs/tpu.md), where the counter hash is element-wise
+        and splits by rows like the activations it multiplies."""
+        return CounterRng(seed)
 
     def stats(self) -> CompileStats:
         """XLA compilations and host fallbacks since this backend was made."""
-        if not self.xla:
-            return CompileStats(0, {})
         return _xla_counts().since(self.baseline)
+
+
+@dataclass(frozen=True)
+class OpenXlaBackend(XlaBackend):
+    """openxla: `torch.compile(backend="openxla")`: dynamo's forward and backward graphs per bucket,
+    the update one lazy graph."""
+
+    name: ClassVar[str] = "openxla"
+
+    @classmethod
+    def configure(cls, spmd: bool = False) -> None:
+        """The XLA settings, and dynamo's recompile limit raised as for inductor."""
+        super().configure(spmd)
+        raise_recompile_limit(RECOMPILE_LIMIT)
+
+    def compile(self, fn: Callable) -> Callable:
+        return torch.compile(fn, backend=self.dynamo_backend(), dynamic=False)
+
+    def dynamo_backend(self) -> str | Callable:
+        """How openxla compiles dynamo's graphs: each through torch_xla's bridge; on a mesh the
+        backward graphs traced lazily into the step instead (`spmd_openxla`)."""
+        return "openxla" if self.mesh is None else spmd_openxla()
+
+
+BACKEND_CLASSES: dict[str, type[Backend]] = {c.name: c for c in (Backend, InductorBackend, XlaBackend, OpenXlaBackend)}
+"""Each backend by its name (`train.backend`, `--backend`); the config lists the same names."""
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The backend class of `name` (its `xla`, `compiles`, `configure`, without making one)."""
+    if name not in BACKEND_CLASSES:
+        raise UsageError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return BACKEND_CLASSES[name]
+
+
+def configure_process(backend_name: str, spmd: bool = False) -> None:
+    """Make the process-wide settings a run on `backend_name` needs (over an SPMD mesh with
+    `spmd`): before anything is traced, since some count only before the XLA runtime starts or
+    the first graph is traced. `make_backend` and `enable_spmd` call it (the first things
+    every entry point does with a device), and tests/conftest.py once for the whole suite, so no
+    test depends on which test made them first. Idempotent, and it only adds settings: a process
+    once switched to SPMD stays so. Seeds are run inputs, not settings
+    (`b2t.engine.step.seeded_model`, `Backend.seed`)."""
+    backend_class(backend_name).configure(spmd)
 
 
 def _xla_counts() -> CompileStats:
@@ -217,21 +322,30 @@ def _xla_counts() -> CompileStats:
     )
 
 
+def enable_spmd(cfg: MeshConfig, backend_name: str) -> SpmdMesh:
+    """Switch this process to SPMD for `backend_name` (`configure_process`) and make the mesh `cfg`
+    over its devices. Call before any XLA work: the SPMD settings must be made before the runtime
+    starts and the first XLA computation."""
+    configure_process(backend_name, spmd=True)
+    return spmd_mesh(cfg)
+
+
 def make_backend(name: str, device: str | torch.device | None = None, mesh: SpmdMesh | None = None) -> Backend:
     """The backend `name` on `device` (default: the XLA device, else CUDA if present, else CPU).
 
-    `mesh` (XLA only, from `mesh.enable_spmd`) makes every batch data-parallel over it.
-    Makes the process-wide settings the backend needs first (`process.configure_process`).
+    `mesh` (XLA only, from `enable_spmd`) makes every batch data-parallel over it.
+    Makes the process-wide settings the backend needs first (`configure_process`).
     """
-    configure_process(name, spmd=mesh is not None)
-    device = None if device is None else checked_device(str(device), name in XLA_BACKENDS)
-    if name in XLA_BACKENDS:
+    cls = backend_class(name)
+    cls.configure(spmd=mesh is not None)
+    device = None if device is None else checked_device(str(device), cls.xla)
+    if cls.xla:
         import torch_xla
 
-        return Backend(name, torch.device(device) if device else torch_xla.device(), mesh, _xla_counts())
+        return cls(torch.device(device) if device else torch_xla.device(), mesh, _xla_counts())
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return Backend(name, torch.device(device))
+    return cls(torch.device(device))
 
 
 def spmd_openxla() -> Callable:
@@ -246,10 +360,11 @@ def spmd_openxla() -> Callable:
     return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
 
 
-def describe(backend: Backend, compute: str = "bf16") -> str:
+def describe(backend: Backend, compute: str = "bf16", dtype: torch.dtype | None = None) -> str:
     """The line b2t-train prints first: which device it found, e.g.
     `device: xla:0 = TPU (TPU v5 lite), 4 devices on this host, PJRT_DEVICE=TPU; backend openxla`,
-    and, for a `compute` (`train.compute_dtype`) that is not bf16 there, that it computes in f32."""
+    and, for a `compute` (`train.compute_dtype`) that is not bf16 there (`dtype`, the run's Stepper's
+    resolution of it, else resolved here), that it computes in f32."""
     if backend.xla:
         import torch_xla.core.xla_model as xm
         import torch_xla.runtime as xr
@@ -265,7 +380,7 @@ def describe(backend: Backend, compute: str = "bf16") -> str:
     else:
         what = f"{backend.device} (the host CPU, no XLA)"
     line = f"device: {what}; backend {backend.name}"
-    if backend.compute_dtype(compute) == torch.float32:
+    if (dtype or backend.compute_dtype(compute)) == torch.float32:
         why = " (this CPU has no bf16 matmuls)" if compute == "auto" else ""
         line += f"; computing in f32{why}"
     return line

@@ -33,7 +33,6 @@ from torch import nn
 from b2t.config import MeshConfig
 from b2t.contract import BucketShape
 from b2t.engine.devices import xla_rank_world
-from b2t.engine.process import configure_process
 from b2t.errors import B2tError
 from b2t.private_api import local_shard_indices, local_shards, sharding_constraint, sharding_spec
 
@@ -235,11 +234,9 @@ def device_bytes(tensors: Iterable[torch.Tensor]) -> list[int]:
     return per_device
 
 
-def enable_spmd(cfg: MeshConfig, backend_name: str) -> SpmdMesh:
-    """Switch this process to SPMD (`process.configure_process`) for `backend_name` over the
-    mesh `cfg` (data -1: every device fsdp leaves). Call before any XLA work: the SPMD
-    settings must be made before the runtime starts and the first XLA computation."""
-    configure_process(backend_name, spmd=True)
+def spmd_mesh(cfg: MeshConfig) -> SpmdMesh:
+    """The mesh `cfg` (data -1: every device fsdp leaves) over this process's devices, once it
+    is switched to SPMD (`backend.enable_spmd` does both)."""
     import torch_xla.runtime as xr
 
     _check_jax()

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from b2t.config import XLA_BACKENDS, MeshConfig
-from b2t.engine.mesh import ParallelError, SpmdMesh, enable_spmd, mesh_axes
+from b2t.config import MeshConfig
+from b2t.engine.backend import backend_class, enable_spmd
+from b2t.engine.mesh import ParallelError, SpmdMesh, mesh_axes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,7 +103,7 @@ def make_layout(backend: str, mesh_cfg: MeshConfig) -> tuple[Layout, SpmdMesh | 
     (torchrun only). Refuses the combinations that cannot run, saying what to use instead.
     """
     requested = mesh_cfg.data if mesh_cfg.spmd else None  # -1: every device
-    xla = backend in XLA_BACKENDS
+    xla = backend_class(backend).xla
     run = torchrun_rank_world()
     if xla:
         if run is not None and run[1] > 1:

@@ -53,7 +53,8 @@ class Stepper:
         wrapper (which all-reduces gradients in backward); default `model` itself."""
         self.model, self.optimizer, self.backend, self.cfg = model, optimizer, backend, cfg
         self.forward = model if forward is None else forward
-        self._compute = backend.compute_dtype(cfg.train.compute_dtype)
+        self.compute = backend.compute_dtype(cfg.train.compute_dtype)  # resolved once per run
+        self.lrs: dict[str, float] = {}  # the learning rates the last update set, by parameter group
         self._train_fn = backend.compile(self._forward_loss)
         self._eval_fn = backend.compile(self._forward_eval)
         self._log_probs_fn = backend.compile(functools.partial(self._forward_eval, log_probs=True))
@@ -77,7 +78,7 @@ class Stepper:
         rng = None if seed is None else self.backend.rng(seed)
         features, n_time_steps = augment(features, n_time_steps, self.cfg.augment, train=rng is not None, rng=rng)
         masks = None if rng is None else _drawn(self.model.dropout_masks(*features.shape[:2]), rng)
-        with self.backend.autocast(self._compute):
+        with self.backend.autocast(self.compute):
             heads = self.forward(features, day_indices, masks, schedule, heads_wanted)  # {head: (B, P, C)} bf16 or f32
         out_lens = self.model.output_lengths(n_time_steps)  # (B,) int32
         return heads, _ctc_per_head(heads, seq_class_ids, out_lens, phone_seq_lens), out_lens
@@ -146,7 +147,7 @@ class Stepper:
         self.backend.donate(self._weights_and_moments())
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        set_lrs(self.optimizer, step, self.cfg.optim)
+        self.lrs = set_lrs(self.optimizer, step, self.cfg.optim)  # by group, for the loop's log
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm.detach()

@@ -38,7 +38,7 @@ from torch import nn
 
 from b2t.config import Config, MeshConfig
 from b2t.contract import Batch, BucketShape, empty_batch
-from b2t.engine.backend import Backend
+from b2t.engine.backend import OpenXlaBackend, XlaBackend
 from b2t.engine.step import Stepper, make_stepper
 from b2t.errors import B2tError
 from b2t.model.registry import build_model
@@ -97,12 +97,20 @@ class Cut:
 
 
 @dataclass(frozen=True)
-class TraceBackend(Backend):
-    """The run's backend whose new state is placeholders and whose sync runs nothing (`trace`
-    compiles what the sync would have run; see the module docstring)."""
+class TraceBackend(XlaBackend):
+    """The run's lazy XLA backend (with `dynamo`, openxla's) whose new state is placeholders and
+    whose sync runs nothing (`trace` compiles what the sync would have run; see the module docstring)."""
 
+    dynamo: bool = False  # openxla: the step's dynamo graphs cut out (`dynamo_backend`)
     outputs: list = field(default_factory=list)  # what an eval step handed back for the host to read
     cuts: list = field(default_factory=list)  # openxla: the dynamo graphs traced so far, as `Cut`s
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return OpenXlaBackend.name if self.dynamo else XlaBackend.name
+
+    def compile(self, fn):
+        return torch.compile(fn, backend=self.dynamo_backend(), dynamic=False) if self.dynamo else fn
 
     def dynamo_backend(self):
         """openxla: the run's split into dynamo graphs (AOTAutograd's forward and backward, as the
@@ -293,12 +301,11 @@ def hlo_module(dump: bytes) -> bytes:
 def trace_backend(mesh_cfg: MeshConfig | None, name: str = "xla") -> TraceBackend:
     """The trace's `name` backend (xla or openxla) on the XLA CPU device, SPMD over `mesh_cfg` when it
     spans more than one device."""
-    from b2t.engine.backend import make_backend
-    from b2t.engine.mesh import enable_spmd
+    from b2t.engine.backend import backend_class, enable_spmd, make_backend
 
-    if name not in ("xla", "openxla"):
+    if not backend_class(name).xla:
         raise CaptureError(f"the TPU check traces the xla or openxla backend, not {name!r}")
     mesh = enable_spmd(mesh_cfg, name) if mesh_cfg is not None and mesh_cfg.data * mesh_cfg.fsdp > 1 else None
     base = make_backend(name, mesh=mesh)
-    return TraceBackend(base.name, base.device, base.mesh, base.baseline)
+    return TraceBackend(base.device, base.mesh, base.baseline, dynamo=isinstance(base, OpenXlaBackend))
 

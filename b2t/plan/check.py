@@ -18,6 +18,7 @@ from pathlib import Path
 
 from b2t.config import Config
 from b2t.contract import BucketShape
+from b2t.engine.backend import backend_class
 from b2t.errors import UsageError
 from b2t.plan.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
 from b2t.plan.compiler import HEADROOM, Compiled
@@ -43,7 +44,7 @@ def run_check(target: Target, cfg: Config, buckets: list[BucketShape], n_days: i
               report: Callable[[str], None], *, fit: bool = False, jobs: int = 1) -> str:
     """Trace and compile every graph of a run of `cfg` (its `train.backend`: openxla or xla) on
     `target`, compiling up to `jobs` steps at once (`b2t.plan.side_by_side`); the report as text."""
-    if cfg.train.backend not in ("openxla", "xla"):
+    if not backend_class(cfg.train.backend).xla:
         raise UsageError(f"--target checks a TPU run, which compiles with openxla or xla, not {cfg.train.backend}: "
                          "pass --backend openxla (or xla)")
     mesh = cfg.mesh

@@ -41,7 +41,7 @@ from b2t.decoding import decode_batches, summarize
 from b2t.engine.backend import Backend, CompileStats, describe, make_backend
 from b2t.engine.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
 from b2t.engine.mesh import check_divisible, host_copy
-from b2t.engine.optim import lr_at, make_optimizer
+from b2t.engine.optim import make_optimizer
 from b2t.engine.parallel import Layout, close_ddp, make_layout, wrap_ddp
 from b2t.engine.step import TOTAL, Stepper, seeded_model
 from b2t.progress import progress_bar
@@ -165,11 +165,9 @@ class Run:
             raise TrainingError(f"non-finite loss ({mean_loss}) in steps {self.state.step - window + 1}.."
                                 f"{self.state.step}: lower optim.lr or check the input features; last good "
                                 f"checkpoint: {last if last.exists() else 'none'}")
-        rate, o = window / seconds, self.cfg.optim
+        rate, lrs = window / seconds, self.stepper.lrs  # the learning rates the last update set
         self.log.write("train", step=self.state.step, loss=mean_loss, losses=losses, grad_norm=float(norm.cpu()),
-                       steps_per_s=rate, seconds=round(seconds, 3),
-                       lr=lr_at(self.state.step - 1, o.lr, o.lr_min, o.warmup_steps, o.decay_steps),
-                       lr_day=lr_at(self.state.step - 1, o.lr_day, o.lr_day_min, o.warmup_steps, o.decay_steps),
+                       steps_per_s=rate, seconds=round(seconds, 3), lr=lrs.get("decay"), lr_day=lrs.get("day"),
                        **self.backend.stats().to_dict())
         self.bar.set_postfix(loss=f"{mean_loss:.3f}", steps_s=f"{rate:.2f}")
 
@@ -217,10 +215,11 @@ def start_run(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, lay
         tqdm.write(f"note: {run_dir.last} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
                    "training goes on, but not bit-identical to an unbroken run on one mesh")
     state.mesh = layout.mesh
+    stepper = Stepper(model, optimizer, backend, cfg, forward)
     log = MetricsLog(run_dir.metrics_of(layout.rank),
                      tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
     if layout.is_main:
-        tqdm.write(describe(backend, cfg.train.compute_dtype))
+        tqdm.write(describe(backend, cfg.train.compute_dtype, stepper.compute))
     if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
         log.write("init", source=str(init.source), kept=init.kept, new=init.new)
         tqdm.write(init.summary())
@@ -229,10 +228,9 @@ def start_run(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, lay
     if opts.resume:
         log.write("resume", step=state.step, checkpoint=str(run_dir.last))
     log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
-              mesh=layout.mesh, compute=str(backend.compute_dtype(cfg.train.compute_dtype)).removeprefix("torch."),
+              mesh=layout.mesh, compute=str(stepper.compute).removeprefix("torch."),
               first_pass_shards=[s.name for s in data.first_pass(stream_cfg)])
-    return Run(data, run_dir, cfg, layout, backend, model, optimizer,
-               Stepper(model, optimizer, backend, cfg, forward), state, log, stream_cfg, opts.progress)
+    return Run(data, run_dir, cfg, layout, backend, model, optimizer, stepper, state, log, stream_cfg, opts.progress)
 
 
 def check_compiles(run: Run, opts: RunOptions, when: str) -> None:

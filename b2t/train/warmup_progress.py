@@ -93,14 +93,14 @@ class WarmUpReport:
     seconds)` stores each finished piece (metrics.jsonl); `enabled`: print anything (False on a
     data-parallel run's other ranks); `bar`: the live bar on a terminal (off with --no-progress)."""
 
-    def __init__(self, backend_name: str, compilations: Callable[[], int | None], *,
+    def __init__(self, compiles: bool, compilations: Callable[[], int | None], *,
                  estimates: CompileEstimates | None = None,
                  record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True,
                  bar: bool = True) -> None:
         self.compilations = compilations
         self.estimates = estimates or CompileEstimates()
         self.record, self.enabled, self.show_bar = record, enabled, bar
-        self.compiles = backend_name != "eager"
+        self.compiles = compiles
         self.bar: tqdm | None = None
         self.open: dict[Piece, tuple[float, int | None]] = {}  # started pieces: (start time, counter then)
         self.current: Piece | None = None
@@ -110,7 +110,7 @@ class WarmUpReport:
     def for_backend(cls, backend: Backend, **options: Any) -> WarmUpReport:
         """The report of a warm-up on `backend`, counting its XLA compilations where it has them."""
         xla = backend.xla
-        return cls(backend.name, lambda: backend.stats().compilations if xla else None, **options)
+        return cls(backend.compiles, lambda: backend.stats().compilations if xla else None, **options)
 
     @property
     def live(self) -> bool:

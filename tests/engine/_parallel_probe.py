@@ -24,9 +24,9 @@ from b2t.config import TINY_CONFIG, load_config
 from b2t.data.loader import Batch, StreamConfig, train_batches
 from b2t.data.manifest import Manifest
 from b2t.decoding import decode_batches, summarize
-from b2t.engine.backend import make_backend
+from b2t.engine.backend import enable_spmd, make_backend
 from b2t.engine.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from b2t.engine.mesh import SpmdMesh, device_bytes, enable_spmd, parse_devices, sharding_spec
+from b2t.engine.mesh import SpmdMesh, device_bytes, parse_devices, sharding_spec
 from b2t.engine.optim import make_optimizer
 from b2t.engine.step import Stepper, seeded_model
 

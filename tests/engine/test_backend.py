@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
-from b2t.config import BACKENDS, XLA_BACKENDS
+from b2t.config import BACKENDS
 from b2t.engine import backend as backend_module
-from b2t.engine.backend import CompileStats, describe, make_backend
+from b2t.engine.backend import BACKEND_CLASSES, CompileStats, backend_class, describe, make_backend
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_stats_since_counts_only_what_grew():
@@ -26,8 +31,8 @@ def test_unknown_backend_and_a_mesh_off_xla_are_refused():
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_every_backend_places_batches_on_its_device_and_autocasts_to_bf16(name):
-    backend = make_backend(name, "cpu" if name not in XLA_BACKENDS else None)
-    assert backend.xla == (name in XLA_BACKENDS)
+    backend = make_backend(name, None if backend_class(name).xla else "cpu")
+    assert backend.name == name and backend.xla == (backend.device.type == "xla")
     placed = backend.place({"x": torch.ones(2, 3, dtype=torch.float32, device="cpu")})
     assert placed["x"].device.type == backend.device.type
     with backend.autocast():
@@ -62,3 +67,18 @@ def test_auto_compute_is_f32_only_on_a_cpu_without_bf16_matmuls_and_the_run_says
     assert said.endswith("; computing in f32 (this CPU has no bf16 matmuls)") != has_bf16
     assert describe(cpu, "f32").endswith("backend eager; computing in f32")
     assert describe(xla, "auto").endswith("backend xla")
+
+
+def test_the_backend_classes_are_the_configs_names():
+    """The config lists the names (it is the schema); the classes own everything else about them."""
+    assert set(BACKEND_CLASSES) == set(BACKENDS)
+    assert sorted(n for n, c in BACKEND_CLASSES.items() if c.xla) == ["openxla", "xla"]
+
+
+def test_no_module_outside_the_backend_classes_compares_a_backend_name():
+    names = "|".join(BACKENDS)
+    compares = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
+    found = [f"{p}:{n}: {line.strip()}" for p in sorted(REPO.glob("b2t/**/*.py")) if p.name != "backend.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if compares.search(line) and not re.search(r"\.type\s*(==|!=)", line)]  # a device's type, not a backend
+    assert not found, found

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch_xla
 
-from b2t.engine.process import RECOMPILE_LIMIT, configure_process
+from b2t.engine.backend import RECOMPILE_LIMIT, configure_process
 from b2t.private_api import special_scalars_handled
 
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from b2t.contract import BucketShape
+from b2t.engine.backend import backend_class
 from b2t.train.warmup import warm_up_pieces
 from b2t.train.warmup_progress import CompileEstimates, Piece, WarmUpReport
 
@@ -45,7 +46,7 @@ def test_pieces_are_numbered_in_the_order_the_warm_up_runs_them():
 
 def test_piped_lines_say_k_of_n_as_each_piece_starts_and_ends(capsys):
     counter, records = Counter(), []
-    report = WarmUpReport("openxla", counter, record=lambda p, g, s: records.append((p.counter, g)))
+    report = WarmUpReport(True, counter, record=lambda p, g, s: records.append((p.counter, g)))
     run_warm_up(report, counter, [3, 1, 2, 1, 0, 1])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "compiling 1/6: train step, bucket T=126 B=16 (the first compile can take minutes)"
@@ -72,7 +73,7 @@ def test_an_earlier_attempts_times_are_the_expected_ones(capsys):
 @pytest.mark.parametrize(("backend", "counted", "n_lines"), [("inductor", False, 13), ("eager", False, 1)])
 def test_uncounted_compilers_give_times_only_and_eager_one_line(capsys, backend, counted, n_lines):
     counter = Counter(counted)
-    run_warm_up(WarmUpReport(backend, counter), counter, [1] * 6)
+    run_warm_up(WarmUpReport(backend_class(backend).compiles, counter), counter, [1] * 6)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == n_lines
     assert "graph" not in " ".join(lines)
@@ -84,7 +85,7 @@ def test_uncounted_compilers_give_times_only_and_eager_one_line(capsys, backend,
 
 def test_disabled_reports_still_record(capsys):
     counter, records = Counter(), []
-    run_warm_up(WarmUpReport("xla", counter, record=lambda p, g, s: records.append(g), enabled=False), counter,
+    run_warm_up(WarmUpReport(True, counter, record=lambda p, g, s: records.append(g), enabled=False), counter,
                 [1, 1, 1, 1, 0, 0])
     assert capsys.readouterr().out == ""
     assert records == [1, 1, 1, 1, 0, 0]
@@ -98,7 +99,7 @@ def test_a_real_xla_backend_reports_the_graph_it_compiled_and_not_the_cached_one
     backend = make_backend("xla")
     x = torch.arange(21.0).reshape(7, 3).to(backend.device)
     graphs = []
-    report = WarmUpReport("xla", lambda: backend.stats().compilations, record=lambda p, g, s: graphs.append(g))
+    report = WarmUpReport(True, lambda: backend.stats().compilations, record=lambda p, g, s: graphs.append(g))
     for i in (1, 2):
         report(Piece("a graph", 7, 3, i, 2))
         (x * 7.25 - 0.5).cpu()  # a graph no other test compiles; the second time it is cached
@@ -115,7 +116,7 @@ def test_a_terminal_sees_what_compiles_now_in_the_bar_and_keeps_the_end_lines(ca
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     counter = Counter()
-    run_warm_up(WarmUpReport("openxla", counter), counter, [3, 1, 2, 1, 0, 1])
+    run_warm_up(WarmUpReport(True, counter), counter, [3, 1, 2, 1, 0, 1])
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in lines] == [f"compiled {k}/6" for k in range(1, 7)] + ["warm-up"]
     assert "compiling 1/6: train step, bucket T=126 B=16 (the first compile can take minutes)" in terminal.getvalue()
