@@ -74,7 +74,7 @@ def test_noise687m_states_only_what_differs_from_the_baseline():
 def test_noise687m_batches_split_over_its_mesh_with_and_without_its_token_budget_hint():
     cfg = load_config(CONFIG_DIR / "noise687m.yaml")
     devices = cfg.mesh.data * cfg.mesh.fsdp
-    assert (cfg.mesh.data, cfg.mesh.fsdp) == (2, 4) and cfg.data.row_multiple % devices == 0
+    assert (cfg.mesh.data, cfg.mesh.fsdp) == (8, 1) and cfg.data.row_multiple % devices == 0
     assert "token_budget: 65536" in (CONFIG_DIR / "noise687m.yaml").read_text()
     for budget in (cfg.data.token_budget, 65536):
         rows = [batch_rows(b.T, cfg.data.batch_size, budget, cfg.data.row_multiple) for b in COMPETITION_BUCKETS]

@@ -1,5 +1,5 @@
 """The figure users rent TPUs on: the 687M model's train step at B=64, T=2498 on a v5e-8 with
-`data=2,fsdp=4`, compiled by the TPU compiler, may not grow past docs/tpu.md's figure by more
+`data=8` (the config's mesh), compiled by the TPU compiler, may not grow past docs/tpu.md's figure by more
 than 5% without someone noticing (it grew by 2.1 GiB per chip unannounced once)."""
 
 from __future__ import annotations
