@@ -77,7 +77,7 @@ def prepare_process(chips: int, dump_dir: Path) -> None:
 
         if xr.is_spmd() or os.environ.get("CPU_NUM_DEVICES") != str(chips):
             raise CaptureError("the TPU check needs a fresh process (its CPU device count and XLA dump flags are "
-                               "set before torch_xla starts): run it from b2t-train --plan --target")
+                               "set before torch_xla starts): run it from b2t-plan --target")
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(chips)
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")  # libtpu: no cloud metadata server to ask

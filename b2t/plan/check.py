@@ -1,4 +1,4 @@
-"""`b2t-train --plan --target`: the TPU compiler's verdict on a run, on a machine with no TPU.
+"""`b2t-plan --target`: the TPU compiler's verdict on a run, on a machine with no TPU.
 
     config + buckets + mesh -> trace every graph (b2t.plan.capture, virtual CPU devices)
       -> compile each for the target (b2t.plan.compiler, libtpu) -> per graph and chip:
@@ -205,7 +205,7 @@ def format_report(target: Target, cfg: Config, devices: int, results: list[Check
               f"(a TPU host compiles the same graphs before the first step)",
               "live: training state the run keeps beside a graph that it does not read (the moments "
               "during a forward or an eval)",
-              "planner: b2t-train --plan's shape-model estimate of the train step, for comparison", ""]
+              "planner: b2t-plan's shape-model estimate (without --target) of the train step, for comparison", ""]
     lines += format_roofline(target, cfg, devices, results)
     return "\n".join(lines)
 

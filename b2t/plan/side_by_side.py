@@ -2,7 +2,7 @@
 
 Why: a run's graphs do not depend on each other, and libtpu's compile-only client compiles
 from several threads at once (it releases the GIL; measured: an eval graph started 2 s after a
-train graph finished 76 s before it), so `b2t-train --plan --target` waits about as long as
+train graph finished 76 s before it), so `b2t-plan --target` waits about as long as
 its slowest graph on a host with enough cores, not for the sum. Tracing stays one graph after
 another (torch_xla traces in one thread); only the compiles overlap.
 

@@ -1,4 +1,4 @@
-"""The TPU slices `b2t-train --plan --target` can compile for, by their Cloud TPU names.
+"""The TPU slices `b2t-plan --target` can compile for, by their Cloud TPU names.
 
 A target is a topology libtpu can describe without the hardware (compile-only devices),
 plus the public per-chip figures the roofline needs. The compiler itself knows each
