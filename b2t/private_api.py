@@ -39,6 +39,9 @@ to the next graph that reads it, b2t.engine.backend.Backend.donate); `sharding_c
 (`torch.ops.xla.aot_mark_sharding`, the traceable op behind torch_xla's `mark_sharding_with_gradients`,
 given the mesh and spec as text so dynamo traces it, b2t.engine.mesh); `is_placeholder`
 (`torch_xla._XLAC._is_placecholder`, sic: device data with no buffer, b2t.plan.capture);
+`warm_up_cache` (`torch_xla._XLAC._xla_warm_up_cache`, `_get_graph_hash`,
+`_xla_get_num_cached_compilation_graph`: a graph compiled unrun, and whether the cache held it,
+b2t.plan.capture);
 `push_xla_scope` (`torch_xla._XLAC.profiler.scope_pusher`: op-name scopes in the HLO metadata,
 tools/hlo_parts).
 """
@@ -187,11 +190,17 @@ def push_xla_scope(name: str) -> object:
     return torch_xla._XLAC.profiler.scope_pusher(name)
 
 
-def warm_up_cache(roots: list[torch.Tensor]) -> None:
-    """Compile the graph that computes `roots` as a sync would, without running it."""
+def warm_up_cache(roots: list[torch.Tensor]) -> tuple[str, bool]:
+    """Compile the graph that computes `roots` as a sync would, without running it. Returns the
+    graph's hash and whether it was compiled now: False when torch_xla's compilation cache
+    already held it (an openxla update module is the same graph in every bucket), so XLA
+    compiled, and dumped, nothing."""
     import torch_xla
 
+    cached = torch_xla._XLAC._xla_get_num_cached_compilation_graph()
+    key = torch_xla._XLAC._get_graph_hash(roots)
     torch_xla._XLAC._xla_warm_up_cache(roots, [])
+    return key, torch_xla._XLAC._xla_get_num_cached_compilation_graph() > cached
 
 
 def donate_buffer(t: torch.Tensor) -> bool:

@@ -95,7 +95,8 @@ def test_the_wrapped_private_names_exist():
     import torch._dynamo.backends.torchxla as bridge
 
     for name in ("_get_xla_sharding_spec", "_get_local_shards", "_get_local_shard_replica_and_indices",
-                 "_xla_warm_up_cache", "_xla_get_tensor_id", "_get_tensors_xla_device_data_node",
+                 "_xla_warm_up_cache", "_get_graph_hash", "_xla_get_num_cached_compilation_graph",
+                 "_xla_get_tensor_id", "_get_tensors_xla_device_data_node",
                  "_get_xla_tensor_debug_info"):
         assert hasattr(torch_xla._XLAC, name), f"torch_xla._XLAC.{name} is gone: update b2t/private_api.py"
     assert callable(common.aot_autograd) and callable(bridge.openxla_eval_boxed), "update b2t/private_api.py"
@@ -125,7 +126,7 @@ def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_handle
     tensor's first data handle; the pending graph compiles without running (one more compilation)."""
     import torch_xla.debug.metrics as met
 
-    w, x = (torch.arange(6.0).reshape(2, 3).to(torch_xla.device()) + 0 for _ in range(2))
+    w, x, u = (torch.arange(6.0).reshape(2, 3).to(torch_xla.device()) + 0 for _ in range(3))
     torch_xla.sync()
     before = data_handles([w, x])
     assert not has_pending_graph(w)
@@ -133,8 +134,10 @@ def test_a_graph_is_compiled_unrun_and_its_inputs_are_named_by_their_data_handle
     assert has_pending_graph(w)
     assert set(graph_data_handles([w])) >= set(before)
     compiled = met.metric_data("CompileTime")[0]
-    warm_up_cache([w])
-    assert met.metric_data("CompileTime")[0] == compiled + 1
+    key, new = warm_up_cache([w])
+    assert new and met.metric_data("CompileTime")[0] == compiled + 1
+    assert warm_up_cache([u.sub(x)])[1]  # another graph
+    assert warm_up_cache([u.mul(0.5).add(x)]) == (key, False)  # the first one again: cached, nothing compiled
     assert torch.equal(w.cpu(), torch.arange(6.0).reshape(2, 3) * 1.5)  # still computable after
 
 

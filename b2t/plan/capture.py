@@ -89,11 +89,21 @@ def prepare_process(chips: int, dump_dir: Path) -> None:
 
 @dataclass(frozen=True)
 class Cut:
-    """One openxla dynamo graph, traced lazily: its outputs, and the placeholders the trace handed
-    on in their place (what the bridge's run would return)."""
+    """One module of a step, traced lazily and compiled for the CPU: its outputs, the placeholders
+    the trace handed on in their place (an openxla dynamo graph's: what the bridge's run would
+    return), its graph hash, and whether this compile dumped it (False: the compilation cache
+    held it from an earlier step, as a run's cache would)."""
 
     roots: list[torch.Tensor]
     placeholders: list[torch.Tensor]
+    key: str
+    dumped: bool
+
+
+# Graph hash -> the module as dumped (a serialized HloModuleProto), for this process: torch_xla's
+# compilation cache is per process, and a module it already holds (an openxla update, the same
+# in every bucket) is not compiled, so not dumped, again.
+_MODULES: dict[str, bytes] = {}
 
 
 @dataclass(frozen=True)
@@ -138,9 +148,8 @@ class TraceBackend(XlaBackend):
             if isinstance(t, torch.Tensor) and has_pending_graph(t) and id(t) not in seen:
                 seen.add(id(t))
                 roots.append(t)
-        warm_up_cache(roots)
         handed = {id(t): placeholder(t.shape, t.dtype) for t in roots}
-        self.cuts.append(Cut(roots, list(handed.values())))
+        self.cuts.append(Cut(roots, list(handed.values()), *warm_up_cache(roots)))
         out = [handed.get(id(t), t) for t in flat]
         return type(outputs)(out) if isinstance(outputs, (tuple, list)) else out[0]
 
@@ -223,25 +232,31 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
     else:
         stepper.eval_step(batch)
         roots = [t for t in backend.outputs if has_pending_graph(t)]
-    if roots:
-        warm_up_cache(roots)  # what the sync would have compiled (and then run)
+    cuts = list(backend.cuts)
+    if roots:  # what the sync would have compiled (and then run)
+        cuts.append(Cut(roots, [], *warm_up_cache(roots)))
     seconds = time.perf_counter() - t0
     written = sorted(set(dump_dir.glob(f"*{DUMP_SUFFIX}")) - before)
-    modules = [c.roots for c in backend.cuts] + ([roots] if roots else [])
-    if len(written) != len(modules):
-        raise CaptureError(f"expected {len(modules)} dumped modules for the {kind} step of T={shape.T} B={shape.B}, "
-                           f"found {len(written)} in {dump_dir}")
+    if len(written) != sum(c.dumped for c in cuts):
+        raise CaptureError(f"expected {sum(c.dumped for c in cuts)} dumped modules for the {kind} step of T={shape.T} "
+                           f"B={shape.B}, found {len(written)} in {dump_dir}")
+    fresh = iter(written)
+    for c in cuts:
+        if c.dumped:
+            _MODULES[c.key] = hlo_module(next(fresh).read_bytes())
+        elif c.key not in _MODULES:
+            raise CaptureError(f"the {kind} step of T={shape.T} B={shape.B} reused a module this process never dumped")
     donate = os.environ.get("XLA_ENABLE_PARAM_ALIASING", "1") != "0"  # as torch_xla reads it
     donated = set(ids_before)  # the training state, every buffer of which the step donates
     handed = {d: (m, i) for m, c in enumerate(backend.cuts) for i, d in enumerate(data_handles(c.placeholders))}
     parts = _part_names(kind, len(backend.cuts), backend.mesh is not None, bool(roots))
     graphs = []
-    for m, (path, module_roots) in enumerate(zip(written, modules)):
-        inputs = graph_data_handles(module_roots)
-        donors = tuple(n for n, d in enumerate(inputs) if d in donated) if donate and m == len(modules) - 1 else ()
+    for m, c in enumerate(cuts):
+        inputs = graph_data_handles(c.roots)
+        donors = tuple(n for n, d in enumerate(inputs) if d in donated) if donate and m == len(cuts) - 1 else ()
         from_earlier = tuple((n, *handed[d]) for n, d in enumerate(inputs) if d in handed)
         resident = sum(b for d, b in share.items() if d not in set(inputs))
-        graphs.append(Graph(kind, shape, shape.B, hlo_module(path.read_bytes()), donors, seconds / len(modules),
+        graphs.append(Graph(kind, shape, shape.B, _MODULES[c.key], donors, seconds / len(cuts),
                             parts[m], from_earlier, resident))
     return graphs
 
