@@ -38,8 +38,8 @@ from b2t.errors import UsageError
               help="With --target: also find the most rows per chip of the longest bucket that compile (bisection "
                    "with the compiler: a few more compiles).")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, metavar="N",
-              help="With --target: compile up to N graphs at once (default: this machine's cores); each extra "
-                   "compile takes host memory, printed with the report.")
+              help="With --target: compile up to N graphs at once (default: half this machine's cores, as one "
+                   "compile keeps about two busy); each extra compile takes host memory, printed with the report.")
 def plan_main(dataset: Path | None, config_path: Path | None, overrides: tuple[str, ...], backend: str | None,
               devices: str | None, mesh: str | None, device_memory: str | None, target: str | None, fit: bool,
               jobs: int | None) -> None:

@@ -324,7 +324,7 @@ def format_plan(plan: MemoryPlan, cfg: Config) -> str:
     m, shape = cfg.model, model_shape(cfg.model)
     grus = " + ".join(f"{n}x{H}" for _, H, n in shape.grus)
     lines.append(f"(config: {m.family} family, GRU layers x units {grus}, patch {m.patch_size}/"
-                 f"{m.patch_stride}; an estimate from shapes, nothing was compiled, measured at 0.25x to 1.2x of the TPU "
+                 f"{m.patch_stride}; an estimate from shapes, nothing was compiled, measured at 0.76x to 2.7x of the TPU "
                  "compiler's per-chip total (docs/tpu.md): add --target v5e-8 (or another TPU slice) for the "
                  "compiler's own verdict, which replaces this estimate)")
     return "\n".join(lines)
