@@ -13,8 +13,8 @@ The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a consol
   removes its temp files), one line says what was stopped and what is kept, and the process
   exits 128 + the signal number (143 for SIGTERM, 130 for SIGINT). Every b2t output is
   written atomically, so stopping anywhere leaves old files or whole new ones.
-- Once `defer()` was called (b2t-train, before its first step) a signal is only recorded:
-  the loop asks `pending()` after each step, keeps its work (a checkpoint) and raises
+- Once `defer()` was called (b2t-train, before its first step) a signal is only recorded
+  and acknowledged in a line: the loop asks `pending()` after each step, keeps its work (a checkpoint) and raises
   `Stopped`, whose line and exit code the command prints and returns. A second signal
   stops at once. (A signal recorded after the loop's last check, while the run finishes,
   lets it finish.)
@@ -71,6 +71,10 @@ class _Policy:
             return
         if self.deferring and self.pending is None:
             self.pending = signum
+            name = signal.Signals(signum).name  # said now: a long step would otherwise leave it unanswered
+            lead = "\n" if sys.stderr.isatty() else ""
+            os.write(2, f"{lead}{name}: stopping once the step in flight is kept; a second SIGTERM or Ctrl-C stops "
+                     "at once\n".encode())
             return
         self.stop_now(signum)
 

@@ -123,7 +123,7 @@ def holds_lock(name: str) -> Ready:
 
 def interrupted(signum: int, when: Ready, *, again: bool = False, resume: bool = True, group: bool = False) -> Driver:
     """Start the command, send `signum` (to its process group with `group`, as Ctrl-C does) once
-    `when` holds, with `again` a second one at once; the children it had then must not outlive
+    `when` holds, with `again` a second one as soon as it acknowledged the first; the children it had then must not outlive
     it (d/children.json). With `resume`, a b2t-train that stopped is run again with --resume to
     its end (its output follows the first run's, then `[--resume exit N]`)."""
     def drive(cmd: list[str], d: Path, probe: Probe, ws: Workspace) -> subprocess.CompletedProcess:
@@ -134,7 +134,10 @@ def interrupted(signum: int, when: Ready, *, again: bool = False, resume: bool =
         except psutil.NoSuchProcess:
             children = []
         for i in range(2 if again else 1):
-            time.sleep(0.3 * i)  # two at once would be one: the handler has to run between them
+            if i:  # two at once would be one: the second waits for the first's acknowledgement
+                deadline = time.monotonic() + probe.timeout
+                while first.proc.poll() is None and "stopping once" not in first.text and time.monotonic() < deadline:
+                    time.sleep(0.005)
             if first.proc.poll() is None:  # (it may have ended before it was ready: judged as it ended)
                 (os.killpg if group else os.kill)(first.proc.pid, signum)
         done = first.finish(probe.timeout)
@@ -268,7 +271,7 @@ SIGNAL_PROBES = [
           drive=interrupted(signal.SIGINT, shown("device:"), resume=False, group=True)),
     Probe("SIGTERM in start-up (its imports)", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "run"), ["stopped by SIGTERM"]),
-          drive=interrupted(signal.SIGTERM, after(4), resume=False)),
+          drive=interrupted(signal.SIGTERM, after(1), resume=False)),  # torch's import alone takes longer
     Probe("SIGTERM twice mid-run (the second stops at once)", "b2t-train",
           lambda ws, d: (train_args(ws.shards, d / "run", *sets(*LONG, "train.compute_dtype=bf16")),
                          ["stopped by a second SIGTERM"]),

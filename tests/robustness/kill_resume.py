@@ -3,9 +3,10 @@
 One uninterrupted run gives the reference `weights_sha256` (from its summary record in
 metrics.jsonl). Then, per try, a fresh run directory: the command is started and stopped
 with the signal at a random moment one or two times (`stop_moment`: a fifth of them during the
-process's start-up, before the run's first record; the rest after that record, over 90% of the
+process's start-up, before the run's first record; two fifths after that record, over 90% of the
 reference's run time, so they land in the warm-up, steps, checkpoint writes and validation,
-however long the imports take on a loaded machine), then
+however long the imports take on a loaded machine; two fifths over its steps alone, after the
+reference's warm-up, which on the XLA device is most of a short run), then
 rerun with `--resume` until it finishes; a try passes when its final weights hash equals
 the reference. The command is the same every time (`--resume` also starts from scratch
 when the stop came before the first checkpoint). Tiny config on the CPU: the eager backend,
@@ -79,12 +80,14 @@ def layouts(run: Path) -> int:
     return sum(r.get("kind") == "layout" for r in records(run))
 
 
-def stop_moment(rng: random.Random, startup: float, run_time: float) -> tuple[bool, float]:
+def stop_moment(rng: random.Random, startup: float, run_time: float, warm_up: float) -> tuple[bool, float]:
     """(after the run's first record?, delay): a fifth of the stops in the start-up (imports,
-    config, data checks), the rest over the run itself, from its first record."""
-    if rng.random() < 0.2:
+    config, data checks), two fifths over the run itself from its first record, two fifths over
+    its steps (from the end of the reference's warm-up, `warm_up` seconds into its run)."""
+    draw, end = rng.random(), 0.9 * run_time
+    if draw < 0.2:
         return False, rng.uniform(0.0, startup)
-    return True, rng.uniform(0.0, 0.9 * run_time)
+    return True, rng.uniform(0.0 if draw < 0.6 else min(warm_up, end), end)
 
 
 def wait_for_start(proc: subprocess.Popen, run: Path, before: int) -> None:
@@ -96,16 +99,18 @@ def wait_for_start(proc: subprocess.Popen, run: Path, before: int) -> None:
 STOPPED = re.compile(r"stopped by SIGTERM at step (\d+); `--resume` continues from \1")
 
 
-def preempted(proc: subprocess.Popen, run: Path) -> str:
-    """SIGTERM `proc` and check the stop: exit 143 and a line that the step in flight was kept
-    (its step in last.safetensors) or that it stopped before its first step; what it kept, in words."""
+def preempted(proc: subprocess.Popen, run: Path, moment: str) -> str:
+    """SIGTERM `proc` (`moment`, in words) and check the stop: exit 143 and a line that the step in
+    flight was kept (its step in last.safetensors) or that it stopped before its first step; what
+    it kept, in words."""
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=600)
     if proc.returncode == 0:
         return "finished first"
     last = err.strip().splitlines()[-1] if err.strip() else ""
     if proc.returncode != 143:
-        raise SystemExit(f"exit {proc.returncode} after SIGTERM, not 143:\n{err[-2000:]}")
+        raise SystemExit(f"exit {proc.returncode} after SIGTERM {moment}, not 143; {len(records(run))} records "
+                         f"in the run:\n{err[-2000:]}")
     if "during the warm-up" in last or last.startswith("stopped by SIGTERM; nothing partial"):
         return "before its first step: nothing to keep"
     m = STOPPED.search(last)
@@ -138,7 +143,9 @@ def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callabl
         run_to_end(command(shards, work / "reference", resume=False, backend=backend))
         wall = time.perf_counter() - t0
         reference = final_digest(work / "reference")
-        run_time = records(work / "reference")[-1]["elapsed_s"]
+        kept = records(work / "reference")
+        run_time = kept[-1]["elapsed_s"]
+        warm_up = next((r["elapsed_s"] for r in kept if r.get("kind") == "compile"), 0.0)
         startup = max(wall - run_time, 0.0)
         echo(f"{backend}: reference {wall:.1f} s uninterrupted ({startup:.1f} s start-up, {run_time:.1f} s run), "
                    f"weights_sha256 {reference[:16]}...")
@@ -147,7 +154,7 @@ def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callabl
             run = work / f"try{i}"
             kills = []
             for _ in range(rng.choice((1, 2))):
-                started, delay = stop_moment(rng, startup, run_time)
+                started, delay = stop_moment(rng, startup, run_time, warm_up)
                 before = layouts(run)
                 proc = subprocess.Popen(command(shards, run, resume=run.exists(), backend=backend),
                                         stdout=subprocess.DEVNULL, text=True,
@@ -158,7 +165,7 @@ def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callabl
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
                     if how == "term":
-                        kills.append(f"{when(started, delay)} ({preempted(proc, run)})")
+                        kills.append(f"{when(started, delay)} ({preempted(proc, run, when(started, delay))})")
                         continue
                     proc.kill()  # SIGKILL
                     proc.wait()
