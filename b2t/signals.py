@@ -125,11 +125,13 @@ def install(command: str) -> None:
 
 
 def hold() -> None:
-    """From here on SIGTERM and SIGINT wait (blocked), and the process's exit discards them: for a
+    """From here on SIGTERM and SIGINT are ignored, by every thread, to the process's exit: for a
     command that has finished its work, so its exit code is its own. Python's finalization puts
-    the default handlers back, under which a signal in the last moments of the exit ended a
-    finished command with exit -15 and no line."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    the default handlers back (except an ignored one), under which a signal in the last moments
+    of the exit ended a finished command with exit -15 and no line; blocking the signals covered
+    only the main thread, and torch_xla's threads took one (kill_resume --backend xla)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 @contextmanager

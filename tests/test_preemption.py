@@ -136,20 +136,25 @@ def test_a_signal_during_the_start_up_imports_is_a_stop_with_one_line(tmp_path):
 
 
 EXIT_SCRIPT = textwrap.dedent("""
-    import atexit, os, signal, sys, time
+    import atexit, os, signal, sys, threading, time
     from b2t import launch
 
+    if sys.argv[1] == "thread":  # a thread that takes signals (torch_xla's runtime has several)
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
     atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(1)))  # while the process exits
     sys.argv = ["b2t-plan", "--help"]
     launch.plan()
 """)
 
 
-def test_a_signal_while_a_finished_command_exits_leaves_its_exit_code():
+@pytest.mark.parametrize("threads", ["main", "thread"])
+def test_a_signal_while_a_finished_command_exits_leaves_its_exit_code(threads):
     """Python's finalization puts the default handlers back, under which a command signalled in its
     last moments ended with exit -15 and no line (kill_resume: a SIGTERM as a finished run shut
-    down); a console script holds the signals once its command has returned."""
-    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, env=ENV, timeout=120)
+    down); a console script ignores the signals once its command has returned, in every thread
+    (blocked in the main thread only, a second thread took the signal: kill_resume --backend xla)."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, threads], capture_output=True, text=True, env=ENV,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "Usage: b2t-plan" in proc.stdout and "stopped" not in proc.stderr
 
