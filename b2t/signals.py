@@ -14,8 +14,8 @@ The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a consol
   exits 128 + the signal number (143 for SIGTERM, 130 for SIGINT). Every b2t output is
   written atomically, so stopping anywhere leaves old files or whole new ones.
 - Once `defer()` was called (b2t-train, before its first step) a signal is only recorded
-  and acknowledged in a line: the loop asks `pending()` after each step, keeps its work (a checkpoint) and raises
-  `Stopped`, whose line and exit code the command prints and returns. A second signal
+  and acknowledged in a line: the loop asks `pending()` after each step, keeps its work (a
+  checkpoint) and raises `Stopped`, whose line and exit code the command prints and returns. A second signal
   stops at once. (A signal recorded after the loop's last check, while the run finishes,
   lets it finish.)
 Child processes ignore both signals and are stopped by their parent: forked ones (the
@@ -72,9 +72,7 @@ class _Policy:
         if self.deferring and self.pending is None:
             self.pending = signum
             name = signal.Signals(signum).name  # said now: a long step would otherwise leave it unanswered
-            lead = "\n" if sys.stderr.isatty() else ""
-            os.write(2, f"{lead}{name}: stopping once the step in flight is kept; a second SIGTERM or Ctrl-C stops "
-                     "at once\n".encode())
+            _say(f"{name}: stopping once the step in flight is kept; a second SIGTERM or Ctrl-C stops at once")
             return
         self.stop_now(signum)
 
@@ -94,9 +92,14 @@ class _Policy:
                 stream.flush()
         except Exception:  # noqa: BLE001 - a write the signal interrupted: the line below goes unbuffered
             pass
-        lead = "\n" if sys.stderr.isatty() else ""  # past a progress bar's line
-        os.write(2, f"{lead}{line}\n".encode())
+        _say(line)
         os._exit(exit_code(signum))
+
+
+def _say(line: str) -> None:
+    """`line` on stderr in one unbuffered write (safe in a signal handler), past a progress bar's line."""
+    lead = "\n" if sys.stderr.isatty() else ""
+    os.write(2, f"{lead}{line}\n".encode())
 
 
 _policy: _Policy | None = None

@@ -182,8 +182,9 @@ POLICY_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("second", ["self", "group"])
 def test_a_second_signal_stops_at_once_and_kills_the_workers(tmp_path, second):
-    """Deferred, the first signal waits for the loop (said in a line at once); a second one (here also sent to the whole
-    group, as Ctrl-C is) stops at once: workers killed without tracebacks, cleanups run, one line."""
+    """Deferred, the first signal waits for the loop (said in a line at once); a second one (here
+    also sent to the whole group, as Ctrl-C is) stops at once: workers killed without tracebacks,
+    cleanups run, one line."""
     (tmp_path / "policy.py").write_text(POLICY_SCRIPT)
     proc = subprocess.run([sys.executable, str(tmp_path / "policy.py"), second], capture_output=True, text=True,
                           env=ENV, timeout=120, start_new_session=True)

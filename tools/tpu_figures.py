@@ -284,10 +284,11 @@ def compile_times() -> None:
             rows = {r["kind"]: r for r in (*_run(*case), *_run(*case, "--kinds", "eval"))}
             if len(rows) < 2:
                 continue
-            train, parts = rows["train"], {p["part"]: p["compile_s"] for p in rows["train"]["parts"]}
-            update = max(update, parts.get("update", 0.0))
-            warm_up += train["compile_s"] - parts.get("update", 0.0) + rows["eval"]["compile_s"]
-            of_update = f"{parts['update']:.1f}" if "update" in parts else "-"
+            train = rows["train"]
+            this_update = next((p["compile_s"] for p in train["parts"] if p["part"] == "update"), None)
+            update = max(update, this_update or 0.0)
+            warm_up += train["compile_s"] - (this_update or 0.0) + rows["eval"]["compile_s"]
+            of_update = "-" if this_update is None else f"{this_update:.1f}"
             print(f"| {Path(config).stem} | {target} {train['mesh']} | T={b.T} B={b.B} | {train['compile_s']:.0f} | "
                   f"{of_update} | {rows['eval']['compile_s']:.0f} | {train['trace_s']:.0f} |", flush=True)
         print(f"\n{Path(config).stem} warm-up: {(warm_up + update) / 60:.1f} min of compiling\n", flush=True)

@@ -123,8 +123,8 @@ def holds_lock(name: str) -> Ready:
 
 def interrupted(signum: int, when: Ready, *, again: bool = False, resume: bool = True, group: bool = False) -> Driver:
     """Start the command, send `signum` (to its process group with `group`, as Ctrl-C does) once
-    `when` holds, with `again` a second one as soon as it acknowledged the first; the children it had then must not outlive
-    it (d/children.json). With `resume`, a b2t-train that stopped is run again with --resume to
+    `when` holds, with `again` a second one as soon as it acknowledged the first; the children it
+    had then must not outlive it (d/children.json). With `resume`, a b2t-train that stopped is run again with --resume to
     its end (its output follows the first run's, then `[--resume exit N]`)."""
     def drive(cmd: list[str], d: Path, probe: Probe, ws: Workspace) -> subprocess.CompletedProcess:
         first = Running(cmd, d, probe)
@@ -136,7 +136,8 @@ def interrupted(signum: int, when: Ready, *, again: bool = False, resume: bool =
         for i in range(2 if again else 1):
             if i:  # two at once would be one: the second waits for the first's acknowledgement
                 deadline = time.monotonic() + probe.timeout
-                while first.proc.poll() is None and "stopping once" not in first.text and time.monotonic() < deadline:
+                while (first.proc.poll() is None and "stopping once" not in first.text
+                       and time.monotonic() < deadline):
                     time.sleep(0.005)
             if first.proc.poll() is None:  # (it may have ended before it was ready: judged as it ended)
                 (os.killpg if group else os.kill)(first.proc.pid, signum)

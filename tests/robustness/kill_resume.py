@@ -155,6 +155,7 @@ def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callabl
             kills = []
             for _ in range(rng.choice((1, 2))):
                 started, delay = stop_moment(rng, startup, run_time, warm_up)
+                moment = when(started, delay)
                 before = layouts(run)
                 proc = subprocess.Popen(command(shards, run, resume=run.exists(), backend=backend),
                                         stdout=subprocess.DEVNULL, text=True,
@@ -165,12 +166,12 @@ def stop_and_resume(tries: int, seed: int, backend: str, how: str, echo: Callabl
                     proc.wait(timeout=delay)
                 except subprocess.TimeoutExpired:
                     if how == "term":
-                        kills.append(f"{when(started, delay)} ({preempted(proc, run, when(started, delay))})")
+                        kills.append(f"{moment} ({preempted(proc, run, moment)})")
                         continue
                     proc.kill()  # SIGKILL
                     proc.wait()
                     had = sorted(p.name for p in run.glob("*.safetensors")) if run.exists() else []
-                    kills.append(f"{when(started, delay)} ({', '.join(had) or 'no checkpoint'})")
+                    kills.append(f"{moment} ({', '.join(had) or 'no checkpoint'})")
             run_to_end(command(shards, run, resume=True, backend=backend))
             digest = final_digest(run)
             same += digest == reference
