@@ -39,7 +39,7 @@ from b2t.train.warmup_progress import WarmUpReport
 from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
 from b2t.words.nbest import Hypothesis, Weights, best
-from b2t.words.tune import Grid, NBestTable, TuneResult, tune
+from b2t.words.tune import ALPHA, Grid, NBestTable, TuneResult, tune
 
 if TYPE_CHECKING:
     from b2t.words.rescore import CausalLMScorer
@@ -184,16 +184,17 @@ def choose(results: Sequence[TrialResult], weights: Weights, searched: Weights) 
 
 
 def tune_weights(results: Sequence[TrialResult], searched: Weights, default: Weights | None = None,
-                 grid: Grid = Grid()) -> TuneResult:
+                 grid: Grid = Grid(), alpha: float = ALPHA) -> TuneResult:
     """The n-best weights with the lowest WER over the labelled trials of `results` (`b2t.words.tune`):
-    `searched` the beam's own, `default` those used untuned (default: the beam's)."""
+    `searched` the beam's own, `default` those used untuned (default: the beam's), the best kept
+    only when its gain has a chance below `alpha`."""
     labelled = [r for r in results if r.reference_words is not None and r.nbest is not None]
     if not labelled:
         raise UsageError("--tune needs the beam's n-best lists of trials with reference sentences (e.g. --split val)")
     references = [words_of(r.reference_words or "") for r in labelled]
     edits = [[edit_distance(words_of(h.words), ref) for h in r.nbest or ()] for r, ref in zip(labelled, references)]
     table = NBestTable([r.nbest or () for r in labelled], edits, searched)
-    return tune(table, sum(map(len, references)), default, grid)
+    return tune(table, sum(map(len, references)), default, grid, alpha)
 
 
 # --- a checkpoint over a dataset -----------------------------------------------------

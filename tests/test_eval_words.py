@@ -122,6 +122,7 @@ def test_sentences_are_printed_beside_their_references_and_written_for_reading(t
     (["--lexicon", "LEX", "--spell", "--nbest", "4"], "--nbest needs the beam search's n-best lists: drop --spell"),
     (["--lexicon", "LEX", "--nbest", "65"], "--nbest 65 is more than --beam-size 64"),
     (["--lexicon", "LEX", "--neural-weight", "1"], "--neural-weight weighs the scores of --rescore DIR"),
+    (["--lexicon", "LEX", "--tune-alpha", "0.1"], "--tune-alpha is the chance level of --tune's choice: pass --tune"),
     (["--lexicon", "LEX", "--tune"], "--tune writes the weights to DIR/weights.json: pass --out DIR"),
     (["--lexicon", "LEX", "--tune", "--split", "test", "--out", "OUT"], "the test split has none of"),
     (["--lexicon", "LEX", "--tune", "--weights", "W", "--out", "OUT"], "pass one of them"),

@@ -218,8 +218,11 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
             tuned, rescored = value(m, f"{split}_ngram" + ("_tuned" if split == "test" else "")), \
                 value(m, f"{split}_rescored")
             if default is not None and tuned is not None:
+                t = get(m, "val_ngram")["tune"]
+                how = (f" (the search's best on val {t['found']['wer']:.4f}, sign-flip p = {t['p_value']:.3g}: "
+                       f"{'defaults kept' if t['kept_default'] else 'chosen'})")
                 print(f"{m}, {split}: tuned n-gram WER {tuned:.4f} <= default {default:.4f}: "
-                      f"{'met' if tuned <= default else 'NOT met'}")
+                      f"{'met' if tuned <= default else 'NOT met'}{how}")
             if tuned is not None and rescored is not None:
                 print(f"{m}, {split}: rescored WER {rescored:.4f} < tuned n-gram {tuned:.4f}: "
                       f"{'met' if rescored < tuned else 'NOT met'}")

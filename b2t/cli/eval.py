@@ -43,7 +43,7 @@ from b2t.run_lock import reading_dataset
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.nbest import Weights
 from b2t.words.ngram import check_arpa, is_kenlm_binary
-from b2t.words.tune import TuneResult, WeightsFile, load_weights, save_weights
+from b2t.words.tune import ALPHA, TuneResult, WeightsFile, load_weights, save_weights
 
 WEIGHTS_NAME = "weights.json"
 RESCORE_NBEST = 32
@@ -61,6 +61,7 @@ class WordPlan:
     weights: Weights
     rescore: Path | None = None
     tune: bool = False
+    tune_alpha: float = ALPHA
     weights_file: Path | None = None
 
     @property
@@ -105,6 +106,8 @@ def word_plan(ctx: click.Context, p: dict[str, Any]) -> WordPlan | None:
         raise click.UsageError(f"{beam_flags[0]} needs the beam search's n-best lists: drop --spell")
     if "--neural-weight" in beam_flags and p["rescore"] is None:
         raise click.UsageError("--neural-weight weighs the scores of --rescore DIR: pass --rescore too")
+    if _given(ctx, "tune_alpha") and not p["tune"]:
+        raise click.UsageError("--tune-alpha is the chance level of --tune's choice: pass --tune too")
     if p["tune"] and p["weights"] is not None:
         raise click.UsageError("--tune searches the weights that --weights applies: pass one of them")
     if p["tune"] and p["split"] == "test":
@@ -121,7 +124,7 @@ def word_plan(ctx: click.Context, p: dict[str, Any]) -> WordPlan | None:
     recipe = WordRecipe(lexicon=lexicon, lm=lm, options=options, spell=spell, nbest=nbest)
     neural = p["neural_weight"] if p["rescore"] is not None else 0.0
     return WordPlan(recipe=recipe, weights=replace(recipe.searched, neural_weight=neural), rescore=p["rescore"],
-                    tune=p["tune"])
+                    tune=p["tune"], tune_alpha=p["tune_alpha"])
 
 
 def _plan_from_file(ctx: click.Context, p: dict[str, Any]) -> WordPlan:
@@ -223,8 +226,13 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
               help="Device of the --rescore LM [default: cuda when there is one (bf16), else cpu (f32)].")
 @click.option("--tune", is_flag=True,
               help=f"Search lm_weight, word_score (and neural_weight with --rescore) for the lowest WER over the "
-                   f"split's n-best lists (no new search per point; the untuned weights are a point and win ties); writes "
+                   f"split's n-best lists (no new search per point; the untuned weights are a point and win ties), "
+                   f"kept only when their gain over the untuned weights is not chance (see --tune-alpha); writes "
                    f"--out DIR/{WEIGHTS_NAME} for --weights.")
+@click.option("--tune-alpha", type=click.FloatRange(min=0, max=1), default=ALPHA, show_default=True,
+              help="--tune replaces the untuned weights only when a paired sign-flip test over the trials gives its "
+                   "gain a chance below this; a small val split's few-word gains often reverse on test. "
+                   "1 takes the best point always.")
 @click.option("--weights", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Search and choose with the weights --tune wrote (its beam settings and n-best size too).")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
@@ -279,8 +287,7 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
     print_samples(results)
     if tuned is not None:
         click.echo(f"tuned on {summary.n_trials} {split} trials ({tuned.points} points over the n-best lists): "
-                   f"WER {tuned.default_wer:.4f} at the default weights ({tuned.default.describe()}), "
-                   f"{tuned.best_wer:.4f} at {tuned.best.describe()}")
+                   + tuned.describe())
     if out is not None:
         report = {"checkpoints": [str(c) for c in checkpoints], "dataset": str(dataset), "split": split,
                   **summary.to_dict(), "members": [m.to_dict() for m in members], "compilations": compilations,
@@ -337,7 +344,7 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
     if plan is not None and plan.beam:
         weights = plan.weights
         if plan.tune:
-            tuned = tune_weights(results, plan.recipe.searched, plan.weights)
+            tuned = tune_weights(results, plan.recipe.searched, plan.weights, alpha=plan.tune_alpha)
             weights = tuned.best
             lap("tune")
         results = choose(results, weights, plan.recipe.searched)

@@ -10,6 +10,12 @@ default weights (those the run would choose with untuned: the beam's own, plus t
 neural weight when rescoring) are one of the points and win every tie, so the WER reported
 is never worse than theirs; among other equal points the one nearest to them wins.
 
+A val split of a few hundred sentences has noise: a point a handful of word errors better
+there is as likely to be worse on test (measured on the realistic synth: 1-2 words better on
+val, 2-3 worse on test). So the best point replaces the defaults only when its gain is not
+chance: a paired sign-flip test over the trials (`sign_flip_p`, exact) must give p < alpha
+(`ALPHA` unless `--tune-alpha`; 1 takes the best point whatever its gain).
+
 The weights file (`save_weights`, JSON) records the weights, the beam settings and n-best
 size they were tuned over and what they were tuned on; `b2t-eval --weights FILE` searches
 with those settings and chooses with those weights, so the val WER it gives is the one
@@ -37,6 +43,8 @@ MAX_CELLS = 4_000_000
 """Score cells (points x trials x n) computed at once."""
 MAX_WALK = 40
 """Steps the coordinate search takes along one weight per round at most."""
+ALPHA = 0.05
+"""The tuned weights replace the defaults only when their gain has a chance below this (`sign_flip_p`)."""
 
 
 def _steps(lo: float, hi: float, step: float) -> tuple[float, ...]:
@@ -57,10 +65,19 @@ class Grid:
 class TuneResult:
     default: Weights  # the weights untuned
     default_errors: int
-    best: Weights
+    best: Weights  # the weights chosen: the search's best, or the defaults when its gain may be chance
     best_errors: int
     reference_words: int
     points: int  # grid points scored
+    found: Weights  # the search's best point
+    found_errors: int
+    p_value: float  # the chance of a gain at least the found point's (`sign_flip_p`)
+    alpha: float = ALPHA
+
+    @property
+    def kept_default(self) -> bool:
+        """The search found fewer errors, but not fewer than chance gives (p >= alpha)."""
+        return self.found_errors < self.default_errors and self.best == self.default
 
     @property
     def default_wer(self) -> float:
@@ -73,7 +90,19 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         return {"default": {**self.default.to_dict(), "wer": self.default_wer},
                 "best": {**self.best.to_dict(), "wer": self.best_wer},
+                "found": {**self.found.to_dict(), "wer": self.found_errors / self.reference_words},
+                "p_value": self.p_value, "alpha": self.alpha, "kept_default": self.kept_default,
                 "reference_words": self.reference_words, "points": self.points}
+
+    def describe(self) -> str:
+        """One line: the WER at the defaults and at the weights chosen, and why those."""
+        line = (f"WER {self.default_wer:.4f} at the default weights ({self.default.describe()}), "
+                f"{self.found_errors / self.reference_words:.4f} at the best point ({self.found.describe()})")
+        if self.found_errors == self.default_errors:
+            return line + ": the defaults kept (no point does better)"
+        verdict = "kept the defaults: a gain chance gives" if self.kept_default else "chose the best point"
+        return (line + f": {verdict} ({self.default_errors - self.found_errors} fewer word errors, "
+                f"paired sign-flip p = {self.p_value:.3g}, alpha {self.alpha:g})")
 
 
 class NBestTable:
@@ -102,6 +131,12 @@ class NBestTable:
                 self.neural[t, k] = h.neural if self.has_neural else 0.0
                 self.edits[t, k] = e
 
+    def trial_errors(self, point: Weights) -> np.ndarray:
+        """(trials,) word edits of the hypothesis `point` chooses in each trial."""
+        scores = (self.beam + (point.lm_weight - self.searched.lm_weight) * self.ngram
+                  + (point.word_score - self.searched.word_score) * self.n_words + point.neural_weight * self.neural)
+        return np.take_along_axis(self.edits, scores.argmax(-1)[:, None], -1)[:, 0]
+
     def errors(self, points: Sequence[Weights]) -> np.ndarray:
         """(len(points),) total word edits of the hypotheses each point chooses."""
         out = []
@@ -117,8 +152,10 @@ class NBestTable:
         return np.concatenate(out)
 
 
-def tune(table: NBestTable, reference_words: int, default: Weights | None = None, grid: Grid = Grid()) -> TuneResult:
-    """The weights with the fewest word errors over `table` (see the module docstring).
+def tune(table: NBestTable, reference_words: int, default: Weights | None = None, grid: Grid = Grid(),
+         alpha: float = ALPHA) -> TuneResult:
+    """The weights with the fewest word errors over `table`, kept only when their gain is not
+    chance at level `alpha` (see the module docstring).
 
     reference_words: the total reference length (WER's denominator); default: the weights
     untuned (the beam's own if None). The neural weight is searched only when every
@@ -160,8 +197,28 @@ def tune(table: NBestTable, reference_words: int, default: Weights | None = None
                 if moved == best:
                     break
                 best = moved
-    return TuneResult(default=default, default_errors=scored[default], best=best, best_errors=scored[best],
-                      reference_words=reference_words, points=len(scored))
+    p = sign_flip_p(table.trial_errors(default) - table.trial_errors(best))
+    chosen = best if p < alpha else default
+    return TuneResult(default=default, default_errors=scored[default], best=chosen, best_errors=scored[chosen],
+                      reference_words=reference_words, points=len(scored), found=best, found_errors=scored[best],
+                      p_value=p, alpha=alpha)
+
+
+def sign_flip_p(gains: np.ndarray) -> float:
+    """One-sided p-value of the paired sign-flip test of per-trial gains (word errors at the
+    defaults minus at the tuned weights): the chance that the gains, each flipped in sign at
+    random as they would be if the two weightings were equally good, sum to at least their
+    sum. Exact: the integer distribution of sum(+-|gain|), built one trial at a time."""
+    total = int(gains.sum())
+    if total <= 0:
+        return 1.0
+    sizes = np.abs(gains[gains != 0]).astype(np.int64)
+    span = int(sizes.sum())
+    probs = np.zeros(2 * span + 1)  # probs[span + s]: the chance of the sum s
+    probs[span] = 1.0
+    for size in sizes:  # partial sums stay within +-span: the roll never wraps a nonzero entry
+        probs = 0.5 * (np.roll(probs, size) + np.roll(probs, -size))
+    return float(min(1.0, probs[span + total:].sum()))
 
 
 def _spacing(values: Sequence[float]) -> float:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from b2t.words.nbest import Hypothesis, Weights, best
-from b2t.words.tune import Grid, NBestTable, WeightsFile, load_weights, save_weights, tune
+from b2t.words.tune import Grid, NBestTable, WeightsFile, load_weights, save_weights, sign_flip_p, tune
 
 SEARCHED = Weights(lm_weight=1.0)
 
@@ -43,7 +43,7 @@ def test_tuning_finds_the_lm_weight_that_fixes_the_trials():
 def test_the_coordinate_search_walks_past_the_grids_edge():
     # each right sentence has 2 more words and 11.4-14.4 nats less acoustically: word_score > 5.7 ... 7.2 picks it
     nbests = [[hyp(-1.0, -3.0, 3), hyp(-1.0 - gap, -3.0, 5)] for gap in (11.4, 12.4, 13.4, 14.4)]
-    result = tune(NBestTable(nbests, [[2, 0]] * 4, SEARCHED), reference_words=20)
+    result = tune(NBestTable(nbests, [[2, 0]] * 4, SEARCHED), reference_words=20, alpha=1.0)
     assert max(Grid().word_score) < 7.2 < result.best.word_score and result.best_errors == 0
 
 
@@ -68,10 +68,43 @@ def test_default_weights_that_only_they_get_right_are_kept():
 
 def test_the_neural_weight_is_searched_when_every_hypothesis_has_a_score():
     nbests = [[hyp(-1.0, -2.0, 2, neural=-30.0), hyp(-1.5, -2.0, 2, neural=-10.0)] for _ in range(3)]
-    result = tune(NBestTable(nbests, [[1, 0]] * 3, SEARCHED), 6)
+    result = tune(NBestTable(nbests, [[1, 0]] * 3, SEARCHED), 6, alpha=1.0)
     assert result.default_errors == 3 and result.best_errors == 0 and result.best.neural_weight > 0
     with pytest.raises(ValueError, match="neural LM score"):
         tune(NBestTable([[hyp(-1.0, -2.0, 2)]], [[0]], SEARCHED), 2, Weights(lm_weight=1.0, neural_weight=0.5))
+
+
+def test_a_gain_within_chance_keeps_the_defaults_and_a_clear_one_replaces_them():
+    """Every trial the same pair: 1.5 nats less acoustically and 1 more by the n-gram for the
+    second, chosen once lm_weight > 1.5. Where it is right a higher weight fixes the trial, where
+    the first is right it breaks it: 6 fixed and 4 broken is a gain of 2 words that random signs
+    reach with p = 386/1024; 9 fixed and 1 broken, p = 11/1024."""
+    pair = [hyp(-1.0, -4.0, 3), hyp(-2.5, -3.0, 3)]
+
+    def result(n_fixed: int, n_broken: int, alpha: float = 0.05):
+        table = NBestTable([pair] * (n_fixed + n_broken), [[1, 0]] * n_fixed + [[0, 1]] * n_broken, SEARCHED)
+        return tune(table, 30, alpha=alpha)
+
+    unclear, clear = result(6, 4), result(9, 1)
+    assert unclear.found_errors == 4 < unclear.default_errors == 6 and unclear.found.lm_weight > 1.5
+    assert unclear.kept_default and unclear.best == unclear.default and unclear.best_errors == 6
+    assert unclear.p_value == pytest.approx(386 / 1024) and "kept the defaults" in unclear.describe()
+    assert not clear.kept_default and clear.best == clear.found and clear.best_errors == 1
+    assert clear.p_value == pytest.approx(11 / 1024) and "chose the best point" in clear.describe()
+    assert result(6, 4, alpha=1.0).best_errors == 4  # alpha 1: the best point whatever its gain
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=12))
+def test_the_sign_flip_p_value_is_the_exact_share_of_sign_patterns(gains: list[int]):
+    g = np.array(gains)
+    nonzero = g[g != 0]
+    patterns = np.array(np.meshgrid(*[[-1, 1]] * len(nonzero))).reshape(len(nonzero), -1) if len(nonzero) else None
+    if g.sum() <= 0:
+        assert sign_flip_p(g) == 1.0
+    else:
+        sums = (np.abs(nonzero)[:, None] * patterns).sum(0)
+        assert sign_flip_p(g) == pytest.approx(np.mean(sums >= g.sum()))
 
 
 @settings(max_examples=40, deadline=None)
@@ -87,8 +120,10 @@ def test_tuning_is_never_worse_than_the_defaults(seed: int, neural: bool):
     default = Weights(lm_weight=float(rng.uniform(0, 2)), neural_weight=float(rng.uniform(0, 1)) if neural else 0.0,
                       word_score=float(rng.normal()))
     table = NBestTable(nbests, edits, SEARCHED)
-    result = tune(table, 10, default, Grid(rounds=2))
-    assert result.best_errors <= result.default_errors
+    result = tune(table, 10, default, Grid(rounds=2), alpha=float(rng.choice([0.05, 1.0])))
+    assert result.best_errors <= result.default_errors and result.found_errors <= result.best_errors
+    assert result.best in (result.default, result.found) and (result.best == result.found) == (
+        result.p_value < result.alpha and result.found != result.default or result.found == result.default)
     assert result.default_errors == sum(e[best(n, default, SEARCHED)] for n, e in zip(nbests, edits))
     assert result.best_errors == table.errors([result.best])[0]
 
