@@ -220,7 +220,7 @@ def print_tables(rows: list[dict[str, Any]], models: list[str]) -> None:
             if default is not None and tuned is not None:
                 t = get(m, "val_ngram")["tune"]
                 how = (f" (the search's best on val {t['found']['wer']:.4f}, sign-flip p = {t['p_value']:.3g}: "
-                       f"{'defaults kept' if t['kept_default'] else 'chosen'})")
+                       f"{'defaults kept' if t['kept_default'] else 'chosen' if t['p_value'] < 1 else 'no point better'})")
                 print(f"{m}, {split}: tuned n-gram WER {tuned:.4f} <= default {default:.4f}: "
                       f"{'met' if tuned <= default else 'NOT met'}{how}")
             if tuned is not None and rescored is not None:
