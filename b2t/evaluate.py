@@ -32,7 +32,7 @@ from b2t.engine.step import make_stepper
 from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
 from b2t.progress import progress_bar
-from b2t.signals import ignore_stop_signals
+from b2t.signals import ignore_stop_signals, spawning
 from b2t.text import normalize_text, words_of
 from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
@@ -159,7 +159,8 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
         if workers <= 1:
             decoded = map(recipe.decode_fn(), items)
         else:
-            pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,))
+            with spawning():  # a signal mid-start would leave a child reading a closed pipe
+                pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,))
             stack.push(lambda kind, *_: _stop_pool(pool, failed=kind is not None))
             decoded = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
         bar = progress_bar(decoded, total=len(items), unit="trial", desc="decoding words", disable=not progress)

@@ -18,6 +18,9 @@ The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a consol
   checkpoint) and raises `Stopped`, whose line and exit code the command prints and returns. A second signal
   stops at once. (A signal recorded after the loop's last check, while the run finishes,
   lets it finish.)
+- While a command starts processes (`spawning()`), a signal waits for the block's end: one
+  that arrived mid-start left a spawned child unknown to the parent, which then read its
+  start-up data from a closed pipe and printed a traceback.
 Child processes ignore both signals and are stopped by their parent: forked ones (the
 loader's workers) inherit the handler, which does nothing outside the process that
 installed it; spawned pools call `ignore_stop_signals` first.
@@ -65,9 +68,14 @@ class _Policy:
         self.cleanups: list[Callable[[], object]] = []
         self.deferring = False
         self.pending: int | None = None
+        self.spawning = 0  # depth of `spawning()` blocks
+        self.held: int | None = None  # a signal that arrived in one, acted on at its end
 
     def handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:  # a forked child: its parent stops it
+            return
+        if self.spawning and self.held is None:
+            self.held = signum
             return
         if self.deferring and self.pending is None:
             self.pending = signum
@@ -176,6 +184,26 @@ def defer() -> None:
 def pending() -> int | None:
     """The signal received since `defer()` and not yet acted on, or None."""
     return None if _policy is None else _policy.pending
+
+
+@contextmanager
+def spawning() -> Iterator[None]:
+    """A block that starts child processes: a signal arriving in it is acted on at its end, once
+    every child it started is one `multiprocessing` knows (and a stop kills). A second signal
+    acts at once, as always."""
+    policy = _policy
+    if policy is None or os.getpid() != policy.pid:
+        yield
+        return
+    policy.spawning += 1
+    try:
+        yield
+    finally:
+        policy.spawning -= 1
+        held = policy.held if not policy.spawning else None
+        if held is not None:
+            policy.held = None
+            policy.handle(held, None)
 
 
 def ignore_stop_signals() -> None:

@@ -187,7 +187,8 @@ def run_jobs(executor: Executor | None, fn: Callable[..., Any], jobs: Sequence[A
         for i, job in enumerate(jobs):
             yield i, fn(job, *args)
         return
-    futures = {executor.submit(fn, job, *args): i for i, job in enumerate(jobs)}
+    with signals.spawning():  # a submit may start a worker
+        futures = {executor.submit(fn, job, *args): i for i, job in enumerate(jobs)}
     try:
         for future in as_completed(futures):
             yield futures[future], future.result()

@@ -198,6 +198,37 @@ def test_a_second_signal_stops_at_once_and_kills_the_workers(tmp_path, second):
                                          for p in workers)
 
 
+SPAWN_SCRIPT = textwrap.dedent("""
+    import multiprocessing, os, signal
+    from b2t import signals
+
+    if __name__ == "__main__":
+        with signals.installed("probe"):
+            signals.describe_stop(lambda name: f"stopped by {name} in the test")
+            with signals.spawning():
+                os.kill(os.getpid(), signal.SIGTERM)  # as if it came while a worker was starting
+                pool = multiprocessing.get_context("spawn").Pool(2, signals.ignore_stop_signals)
+                print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+            print("not reached", flush=True)
+""")
+
+
+def test_a_signal_while_workers_start_stops_once_they_are_known_and_kills_them(tmp_path):
+    """CI caught b2t-preprocess's SIGTERM landing while a spawned worker was starting: the parent
+    did not know that child yet, left it, and the child printed an EOFError traceback reading its
+    start-up data from the closed pipe. In `spawning()` the stop waits for the block's end."""
+    (tmp_path / "spawn.py").write_text(SPAWN_SCRIPT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "spawn.py")], capture_output=True, text=True, env=ENV,
+                          timeout=120)
+    assert proc.returncode == 143 and proc.stderr.splitlines() == ["stopped by SIGTERM in the test"], proc.stderr
+    workers = [int(p) for p in proc.stdout.split()]
+    assert len(workers) == 2 and "not reached" not in proc.stdout
+    deadline = time.monotonic() + 30  # killed before the exit; init reaps them
+    while any(psutil.pid_exists(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(psutil.pid_exists(p) for p in workers)
+
+
 def test_06_sigterm_to_preprocess_stops_its_workers_and_keeps_whole_shards(tiny_dataset, tmp_path):
     """The parent exited silently; its two workers (750 MB each) and the resource tracker stayed,
     blocked, after moving more shards into OUT."""
