@@ -22,7 +22,7 @@ The test files carry no sentences or phonemes (as the competition's); test WER a
 each run's decoded words and phonemes against what the synth drew (`split_sentences`).
 Every b2t-eval run's summary.json holds its stage times; results.jsonl one line per run.
 
-    python tools/bench_words.py --workdir /tmp/bench_words --steps 600 --seeds 0 --seeds 1 --seeds 2
+    python -m tools.bench_words --workdir /tmp/bench_words --steps 600 --seeds 0 --seeds 1 --seeds 2   # from the repo root
 """
 
 from __future__ import annotations
