@@ -200,9 +200,8 @@ def spawning() -> Iterator[None]:
         yield
     finally:
         policy.spawning -= 1
-        held = policy.held if not policy.spawning else None
-        if held is not None:
-            policy.held = None
+        if not policy.spawning and policy.held is not None:
+            held, policy.held = policy.held, None
             policy.handle(held, None)
 
 
