@@ -158,8 +158,8 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     acc = h_prev.dtype
     with forward_autocast:  # the gates as the forward computed them (its op order and dtypes)
         gx = F.linear(inp, w_ih, b_ih) if gates_x is None else gates_x.transpose(0, 1)  # (B, P, 3H)
-        x_r, x_z, x_n = gx.chunk(3, dim=2)
-        h_r, h_z, h_n = F.linear(h_prev, w_hh, b_hh).chunk(3, dim=2)
+        x_r, x_z, x_n = _gate_blocks(gx)
+        h_r, h_z, h_n = _gate_blocks(F.linear(h_prev, w_hh, b_hh))
         r, z = torch.sigmoid(h_r + x_r), torch.sigmoid(h_z + x_z)
         n = torch.tanh(x_n + h_n * r)
     r, z, n, h_n, h_prev, d_y = (t.to(acc).transpose(0, 1) for t in (r, z, n, h_n, h_prev, d_y))  # (P, B, H)
@@ -179,6 +179,15 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     # and each chip ran the whole product (8x its share on 8 chips, the TPU compiler's cost analysis)
     d_w_hh = torch.einsum("pbg,pbh->gh", d_gates_h, h_prev)
     return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum((0, 1))]
+
+
+def _gate_blocks(gates: torch.Tensor) -> list[torch.Tensor]:
+    """(B, P, 3H) gates -> their r, z, n blocks (B, P, H), as copies, not views: this runs inside
+    the backward op's kernel, which gets no functionalization, and there XLA makes a strided
+    view (`chunk`) by gathering with an index tensor of the view's size built on the host and
+    copied to every device (under openxla on 8 devices, 0.7 GB of host memory per `chunk` for
+    the baseline at T=498, and each index a graph argument). The copy is one XLA slice."""
+    return torch.split_with_sizes_copy(gates, [gates.shape[2] // 3] * 3, dim=2)
 
 
 def _walk_loop(d_y: torch.Tensor, coef: torch.Tensor, z: torch.Tensor, w_hh: torch.Tensor
