@@ -262,12 +262,15 @@ def trace(cfg: Config, n_days: int, backend: TraceBackend, kind: str, shape: Buc
 
 
 def _part_names(kind: str, cuts: int, spmd: bool, lazy: bool) -> list[str]:
-    """What each module of a step is, in order (see the module docstring)."""
+    """What each module of a step is, in order (see the module docstring): with `train.grad_accum`
+    k, k forward cuts (on a mesh) or k forward-backward pairs, then the lazy rest."""
     if kind == "eval":
         return ["eval"] * (cuts + lazy) if cuts else ["step"]
     if not cuts:
         return ["step"]
-    return ["forward", "backward+update"] if spmd else ["forward", "backward", "update"][: cuts + lazy]
+    if spmd:
+        return ["forward"] * cuts + ["backward+update"] * lazy
+    return ["forward", "backward"] * (cuts // 2) + ["forward"] * (cuts % 2) + ["update"] * lazy
 
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, backend: TraceBackend,

@@ -4,7 +4,8 @@ model for each `TxBxHIDDEN` given (bins, rows, GRU units of its one layer; 2 ses
 v5e chip or (`--target v5e-4 --mesh data=4`) data-parallel over four, traced for `--backend`;
 one JSON line per step.
 
-    python -m tests.plan._compile_probe [--backend openxla] [--target v5e-4 --mesh data=4] [--patch 1] 64x4x16 ...
+    python -m tests.plan._compile_probe [--backend openxla] [--target v5e-4 --mesh data=4] [--patch 1] \
+        [--grad-accum 2] 64x4x16 ...
 """
 
 import argparse
@@ -20,12 +21,12 @@ from b2t.plan.check import check_graph
 from b2t.plan.targets import parse_target
 
 
-def small(units: int, backend: str, patch: int | None) -> Config:
+def small(units: int, backend: str, patch: int | None, grad_accum: int = 1) -> Config:
     """A one-layer GRU model; `patch`: windows of that many bins every that many (default: the
     reference's 14 every 4), so a small patch makes the recurrence most of the step."""
     windows = {} if patch is None else {"patch_size": patch, "patch_stride": patch}
     return Config(model=ModelConfig(family="gru", gru=GRUConfig(n_units=units, n_layers=1, rnn_dropout=0.0), **windows),
-                  train=TrainConfig(backend=backend))
+                  train=TrainConfig(backend=backend, grad_accum=grad_accum))
 
 
 def main() -> None:
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--target", default="v5e-1")
     parser.add_argument("--mesh", default=None)
     parser.add_argument("--patch", type=int, default=None)
+    parser.add_argument("--grad-accum", type=int, default=1)
     args = parser.parse_args()
     target = parse_target(args.target)
     with tempfile.TemporaryDirectory() as tmp:
@@ -42,7 +44,7 @@ def main() -> None:
         backend = trace_backend(parse_devices(None, args.mesh) if args.mesh else None, args.backend)
         for case in args.cases:
             T, B, units = (int(x) for x in case.split("x"))
-            cfg = small(units, args.backend, args.patch)
+            cfg = small(units, args.backend, args.patch, args.grad_accum)
             checked = check_graph(target, cfg, 2, backend, "train", BucketShape(T=T, B=B, L=8), Path(tmp),
                                   lambda _: None)
             c, m = checked.compiled, checked.compiled.memory

@@ -145,6 +145,18 @@ def test_openxla_steps_of_several_buckets_in_one_process_each_keep_their_three_m
     assert first["fits"] and second["fits"] and first["parts"][-1] == second["parts"][-1]
 
 
+@pytest.mark.parametrize(("mesh", "parts"), [
+    ((), ["forward", "backward", "forward", "backward", "update"]),
+    (("--target", "v5e-4", "--mesh", "data=4"), ["forward", "forward", "backward+update"])])
+def test_an_openxla_step_of_two_micro_batches_names_each_of_its_modules(mesh, parts):
+    """With `train.grad_accum` 2 each micro-batch's dynamo graphs are cut (the second's are the
+    first's, from the compilation cache), then the lazy rest: the TPU check of the 687M model's
+    B=32 x 2 fallback once failed with an IndexError naming the modules."""
+    (step,) = _probe("--backend", "openxla", "--grad-accum", "2", *mesh, "32x8x16")
+    assert [p["part"] for p in step["parts"]] == parts and step["fits"]
+    assert step["parts"][-1]["donors"] > 0 and step["parts"][-1]["aliased"] > 0
+
+
 @pytest.mark.parametrize("backend", ["xla", pytest.param("openxla", marks=pytest.mark.slow)])  # twin: xla's
 def test_each_chip_of_a_data_parallel_step_does_its_share_of_the_work(backend):
     """Rows split over 4 chips: each chip's FLOPs (the compiler's cost analysis) within 15% of a
