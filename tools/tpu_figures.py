@@ -11,7 +11,7 @@ already there is not compiled again: the tables share cases, and an interrupted 
     python tools/tpu_figures.py calibration      # tiny / baseline / noise687m, 1 and 8 chips
     python tools/tpu_figures.py question         # noise687m B=64 T=2498 on v5e-8, 3 meshes + fallback, both backends
     python tools/tpu_figures.py share            # per-chip FLOPs on 8 chips against the one-chip step's / 8
-    python tools/tpu_figures.py guard            # fails when the 687M data=2,fsdp=4 step outgrows docs/tpu.md
+    python tools/tpu_figures.py guard            # fails when the 687M step, as its config runs it, outgrows docs/tpu.md
     python tools/tpu_figures.py compile-times    # every bucket of baseline (v5e-1) and noise687m (v5e-8)
     python tools/tpu_figures.py loop-count       # cost analysis vs analytic FLOPs of a recurrence-heavy GRU
     python tools/tpu_figures.py targets          # the tiny step on every slice, v5e-64 (16 hosts) included
@@ -145,8 +145,8 @@ def _gib(n: float | None) -> str:
 
 
 GUARD_DOC = REPO / "docs" / "tpu.md"
-GUARD_CASE = ("--config", "configs/noise687m.yaml", "--target", "v5e-8", "--mesh", "data=8", "--shape", LONGEST,
-              "--backend", "xla")
+GUARD_CASE = ("--config", "configs/noise687m.yaml", "--target", "v5e-8", "--mesh", "data=8", "--shape", LONGEST)
+"""The config's own backend and mesh: the run a user rents the hardware for."""
 GUARD_TOLERANCE = 0.05
 """How far the guarded step's per-chip total may exceed the figure docs/tpu.md states."""
 
@@ -161,8 +161,8 @@ def guarded_figure(doc: Path = GUARD_DOC) -> float:
 
 @main.command()
 def guard() -> None:
-    """Compile the 687M model's train step (data=8, B=64, T=2498, xla: the config's mesh) in a
-    fresh process and fail when its per-chip total exceeds docs/tpu.md's figure by more than 5%."""
+    """Compile the 687M model's train step (data=8, B=64, T=2498, the config's backend and mesh) in
+    a fresh process and fail when its per-chip total exceeds docs/tpu.md's figure by more than 5%."""
     promised = guarded_figure()
     global RESULTS
     RESULTS = None  # always compiled again: the guard is about the code as it is now
