@@ -14,7 +14,8 @@ Outside a compile, on XLA the same kernels run as a `torch.autograd.Function`, n
 the op: a custom op's kernel runs without functionalization, and there every view (a
 `chunk`, a `transpose`) of a lazy XLA tensor was copied to the device (measured: two host
 transfers of its base per view, 2.1 GB for the 687M model's recomputed gates on 8 devices);
-on CPU/CUDA `gru_stack` runs torch's GRU with torch's own autograd.
+inside a compile the kernels do run through the op, so they take no strided views
+(`recurrence._gate_blocks`); on CPU/CUDA `gru_stack` runs torch's GRU with torch's own autograd.
 
 Shape legend: B rows, P patches (time steps), D input width, H hidden units, L layers.
 """
