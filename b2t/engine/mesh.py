@@ -114,9 +114,9 @@ class SpmdMesh:
         """Axis name -> size, as recorded in checkpoints and metrics."""
         return mesh_axes(self.data, self.fsdp)
 
-    def spec(self, t: torch.Tensor) -> tuple:
-        """A batch tensor's partition spec: rows over both axes, the other dims whole."""
-        return (BATCH_AXES,) + (None,) * (t.dim() - 1)
+    def spec(self, t: torch.Tensor, rows: int = 0) -> tuple:
+        """A batch tensor's partition spec: rows (dim `rows`) over both axes, the other dims whole."""
+        return tuple(BATCH_AXES if d == rows else None for d in range(t.dim()))
 
     def weight_spec(self, t: torch.Tensor) -> tuple:
         """A weight's (or its gradient's, or moment's) spec: `shard_dim` over fsdp, the rest whole."""
@@ -144,7 +144,7 @@ class SpmdMesh:
     def split_activations(self, model: nn.Module) -> None:
         """fsdp: every day layer's and GRU stack's output, and its gradient, annotated to stay split
         by rows over both axes (as torch_xla's FSDPv2 does with `mark_sharding_with_gradients`), on
-        both XLA backends.
+        both XLA backends; and each GRU stack's initial state (`GRUStack.split_rows`).
 
         Without it GSPMD met row-split activations and fsdp-split weights at each matmul and
         replicated activations ("Involuntary full rematerialization", docs/tpu.md). Registered
@@ -156,12 +156,17 @@ class SpmdMesh:
 
         for module in model.modules():
             if isinstance(module, (DayLayer, GRUStack)) and not getattr(module, "_rows_split_hook", None):
-                module._rows_split_hook = module.register_forward_hook(self._split_rows)
+                module._rows_split_hook = module.register_forward_hook(self._split_output)
+            if isinstance(module, GRUStack):
+                module.split_rows = self.split_rows
 
-    def _split_rows(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-        """`output` and its gradient constrained to the batch's row split, inside the compiled
-        graph under openxla as in the lazy one (`private_api.sharding_constraint`)."""
-        return sharding_constraint(output, self._mesh_text, str(self.spec(output)))
+    def split_rows(self, t: torch.Tensor, rows: int = 0) -> torch.Tensor:
+        """`t` and its gradient constrained to the batch's row split along dim `rows`, inside the
+        compiled graph under openxla as in the lazy one (`private_api.sharding_constraint`)."""
+        return sharding_constraint(t, self._mesh_text, str(self.spec(t, rows)))
+
+    def _split_output(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        return self.split_rows(output)
 
     def weight_state(self, model: nn.Module,
                      optimizer: torch.optim.Optimizer | None) -> Iterator[tuple[torch.Tensor, tuple]]:
