@@ -8,6 +8,7 @@ names can go.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +97,12 @@ def test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync():
     torch_xla.sync()  # the same pending graph, now run
     assert _compilations() - before == 2
     assert torch.equal(w.cpu(), torch.full((8, 8), 1.5))
+
+
+def test_sentinel_a_scan_over_a_pending_sharded_result_crashes():
+    """tests/model/_pending_ctc_probe.py without `await_sharded_inputs`: the process dies."""
+    run = subprocess.run([sys.executable, "-m", "tests.model._pending_ctc_probe", "--no-wait"],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"})
+    assert run.returncode != 0 and "GetHandle" in run.stderr, run.stderr[-2000:]
+

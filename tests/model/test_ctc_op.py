@@ -5,6 +5,11 @@ include padding rows (length 0), infeasible rows, and labels shorter than their 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 import torch_xla
@@ -72,3 +77,18 @@ def test_compiled_on_the_cpu_it_is_one_graph_with_the_eager_loss_and_gradient():
         torch._dynamo.reset()
     for got, want in zip(compiled, loss_and_grad(summed_loss)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_on_a_mesh_the_compiled_backward_waits_for_the_forward_results_it_closes_over():
+    """Under openxla on an SPMD mesh the op's backward kernel traces its scan while the forward
+    graph may still be running; the scan's lowering then read a sharded placeholder's missing
+    first shard and the process died (`await_sharded_inputs`). Made certain here by queueing
+    seconds of other work ahead of each step; every gradient equals the uncompiled one."""
+    result = subprocess.run([sys.executable, "-m", "tests.model._pending_ctc_probe"], cwd=Path(__file__).parents[2],
+                            env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    *compiled, reference = [float(line) for line in result.stdout.split()]
+    assert len(compiled) == 3
+    torch.testing.assert_close(compiled, [reference] * 3, rtol=1e-4, atol=0)
+
