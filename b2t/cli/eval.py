@@ -239,8 +239,8 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
               help="Processes decoding words in parallel (each builds its own decoder).")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="Persistent compilation cache shared with b2t-train --compile-cache: graphs compiled once are "
-                   "loaded from DIR (on TPU and GPU runtimes; the CPU runtime only writes them).")
+              help="Persistent compilation cache shared with b2t-train --compile-cache (torch_xla 2.9 stores "
+                   "graphs but cannot load them back: pytorch/xla#9094; the warm-up says what it did).")
 @click.pass_context
 def eval_main(ctx: click.Context, **p: Any) -> None:
     """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT(s): PER, and words with a lexicon.

@@ -32,8 +32,9 @@ from b2t.paths import Place, RegularFile, refuse_clashes
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs still go to RUN_DIR/metrics.jsonl).")
 @mesh_options
 @click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="Persistent compilation cache: compiled graphs are stored in DIR and loaded by later runs "
-                   "(a resume or a rerun on a TPU or GPU skips its compiles; the CPU runtime only writes them).")
+              help="torch_xla's persistent compilation cache: compiled graphs are stored in DIR for later runs to "
+                   "load. torch_xla 2.9 cannot load them back on any runtime (pytorch/xla#9094), so a second run "
+                   "compiles again; the warm-up's last line says what the cache did.")
 def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, init_from: Path | None,

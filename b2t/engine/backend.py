@@ -54,6 +54,7 @@ class CompileStats:
     compilations: int  # XLA compilations so far (0 off XLA)
     fallbacks: dict[str, int]  # `aten::` counters: ops that ran on the host instead of the device
     donors: tuple[int, ...] = ()  # per compiled graph, the input buffers its outputs may reuse (`Backend.donate`)
+    cache: tuple[int, int, int] = (0, 0, 0)  # persistent cache (--compile-cache): graphs loaded, stored, unloadable
 
     @property
     def donated(self) -> int:
@@ -68,7 +69,22 @@ class CompileStats:
         base = earlier.fallbacks
         return CompileStats(self.compilations - earlier.compilations,
                             {k: n - base.get(k, 0) for k, n in self.fallbacks.items() if n > base.get(k, 0)},
-                            self.donors[len(earlier.donors):])
+                            self.donors[len(earlier.donors):],
+                            tuple(a - b for a, b in zip(self.cache, earlier.cache)))
+
+    def cache_line(self) -> str | None:
+        """What the persistent compilation cache did, for the warm-up's end; None without one.
+        torch_xla 2.9 writes entries on every runtime but loads them back on none (the CPU here;
+        TPU and GPU: pytorch/xla issues 9094 and 8930), which a user renting a TPU must learn
+        from the first run that tries, not from the compile times."""
+        loaded, stored, unloadable = self.cache
+        parts = [f"{loaded} graph{'s' * (loaded != 1)} loaded"] if loaded else []
+        if stored:
+            parts.append(f"{stored} compiled and stored")
+        if unloadable:
+            parts.append(f"{unloadable} found but not loadable by this torch_xla on this device, compiled again "
+                         f"(a torch_xla limitation: pytorch/xla#9094)")
+        return f"compile cache: {'; '.join(parts)}" if parts else None
 
 
 @dataclass(frozen=True)
@@ -319,6 +335,7 @@ def _xla_counts() -> CompileStats:
         compilations=int(data[0]) if data else 0,
         fallbacks={n: int(met.counter_value(n)) for n in met.counter_names() if n.startswith("aten::")},
         donors=tuple(int(v) for _, v in aliased[2]) if aliased else (),
+        cache=tuple(int(met.counter_value(f"PersistentCache{n}") or 0) for n in ("Hit", "Miss", "DeserializeFailure")),
     )
 
 

@@ -96,11 +96,12 @@ def device_count(xla: bool) -> int:
 
 
 def use_compile_cache(path: str | os.PathLike) -> None:
-    """Keep every compiled XLA executable in `path` and load it from there in later runs (a
-    resumed or repeated run on a TPU or GPU skips its compiles). Call before any XLA work.
+    """Hand `path` to torch_xla's persistent compilation cache, which stores every compiled
+    executable there for later runs to load. Call before any XLA work.
 
-    The XLA CPU runtime writes entries but cannot load them back, so on the CPU a second run
-    compiles again (torch_xla 2.9); the results are the same either way.
+    torch_xla 2.9 writes entries on every runtime but cannot load them back (the CPU measured,
+    TPU per pytorch/xla#9094), so a second run compiles again; the results are the same either
+    way, and `CompileStats.cache_line` tells the user.
     """
     select_pjrt_device()
     import torch_xla.runtime as xr

@@ -91,13 +91,15 @@ class WarmUpReport:
 
     `compilations`: the backend's XLA compile counter (None off XLA); `record(piece, graphs,
     seconds)` stores each finished piece (metrics.jsonl); `enabled`: print anything (False on a
-    data-parallel run's other ranks); `bar`: the live bar on a terminal (off with --no-progress)."""
+    data-parallel run's other ranks); `bar`: the live bar on a terminal (off with --no-progress);
+    `cache_line`: what the persistent compilation cache did, printed after the last line
+    (`CompileStats.cache_line`)."""
 
     def __init__(self, compiles: bool, compilations: Callable[[], int | None], *,
                  estimates: CompileEstimates | None = None,
                  record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True,
-                 bar: bool = True) -> None:
-        self.compilations = compilations
+                 bar: bool = True, cache_line: Callable[[], str | None] = lambda: None) -> None:
+        self.compilations, self.cache_line = compilations, cache_line
         self.estimates = estimates or CompileEstimates()
         self.record, self.enabled, self.show_bar = record, enabled, bar
         self.compiles = compiles
@@ -110,7 +112,8 @@ class WarmUpReport:
     def for_backend(cls, backend: Backend, **options: Any) -> WarmUpReport:
         """The report of a warm-up on `backend`, counting its XLA compilations where it has them."""
         xla = backend.xla
-        return cls(backend.compiles, lambda: backend.stats().compilations if xla else None, **options)
+        return cls(backend.compiles, lambda: backend.stats().compilations if xla else None,
+                   cache_line=lambda: backend.stats().cache_line(), **options)
 
     @property
     def live(self) -> bool:
@@ -166,6 +169,8 @@ class WarmUpReport:
             what = ("nothing to compile (eager)" if not self.compiles else f"{graphs} graph{'s' * (graphs != 1)}"
                     if graphs is not None else "compiled")
             tqdm.write(f"warm-up: {what} for {buckets} bucket{'s' * (buckets != 1)} in {duration(seconds)}")
+            if (cache := self.cache_line()) is not None:
+                tqdm.write(cache)
         return seconds, graphs
 
 
