@@ -97,7 +97,7 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "Under SPMD, a scan traced over the result of a graph still running (openxla's lazily traced backward "
         "over its forward's results) segfaulted building its lowering: a sharded placeholder has no first shard "
         "to name it (PjRtShardedData::GetHandle).",
-        "b2t.model.custom_ops.await_sharded_inputs: the CTC op's kernel waits for the mesh before its scan.",
+        "b2t.engine.backend.spmd_openxla: each backward waits for the mesh before it is traced.",
         "tests/test_xla_workarounds.py::test_sentinel_a_scan_over_a_pending_sharded_result_crashes",
     ),
 )

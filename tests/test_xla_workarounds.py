@@ -100,7 +100,8 @@ def test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync():
 
 
 def test_sentinel_a_scan_over_a_pending_sharded_result_crashes():
-    """tests/model/_pending_ctc_probe.py without `await_sharded_inputs`: the process dies."""
+    """tests/model/_pending_ctc_probe.py with torch_xla's plain backward (no wait for the mesh):
+    the process dies."""
     run = subprocess.run([sys.executable, "-m", "tests.model._pending_ctc_probe", "--no-wait"],
                          cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"})

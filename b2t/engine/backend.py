@@ -371,10 +371,25 @@ def spmd_openxla() -> Callable:
 
     torch_xla 2.9's bridge, re-running a compiled backward graph under SPMD, read a forward
     input (the day indices) from the first call's buffer (`b2t.xla_workarounds`: spmd-bridge-backward).
+
+    Each backward first waits for the mesh: it is traced while the compiled forward may still
+    be running, so the forward results it reads are sharded placeholders, and a torch_xla scan
+    traced over one (the CTC kernel's: under SPMD a scan's backward closes over its inputs)
+    asks it for a first shard it does not have yet; the process died with a segfault in about
+    half of the 8-step openxla runs on 4 CPU devices (`b2t.xla_workarounds`:
+    spmd-pending-scan-input). A single device's placeholder has a handle of its own.
     """
+    import torch_xla.core.xla_model as xm
     from functorch.compile import make_boxed_func
 
-    return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=lambda gm, _: make_boxed_func(gm.forward))
+    def backward_compiler(gm: torch.fx.GraphModule, _inputs: object) -> Callable:
+        def backward(*args: torch.Tensor) -> object:
+            xm.wait_device_ops()
+            return gm.forward(*args)
+
+        return make_boxed_func(backward)
+
+    return aot_autograd(fw_compiler=openxla_eval_boxed, bw_compiler=backward_compiler)
 
 
 def describe(backend: Backend, compute: str = "bf16", dtype: torch.dtype | None = None) -> str:

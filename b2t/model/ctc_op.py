@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from b2t.contract import LOSS_DTYPE
-from b2t.model.custom_ops import await_sharded_inputs, detached_run, recompute_vjp, traced_with_grad
+from b2t.model.custom_ops import detached_run, recompute_vjp, traced_with_grad
 from b2t.private_api import ctc_alpha, ctc_alpha_backward
 
 _NEG = -1.0e30
@@ -105,7 +105,6 @@ def scan_nll(
     states = torch.arange(S, device=device)
     alpha0 = torch.where(states == 0, 0.0, _NEG).to(LOSS_DTYPE).expand(B, S).contiguous()  # (B, S)
     xs = (traced_with_grad(emit), active)  # (T, B, S), (T, B)
-    await_sharded_inputs()  # the backward's scan closes over its inputs (the gradient among them)
     (alpha, _), _ = scan(_alpha_step, (alpha0, skip_bias), xs, is_fn_pure=True)
 
     end = 2 * target_lengths.long()  # (B,) the final blank state

@@ -62,21 +62,3 @@ def detached_run(forward: Callable[..., torch.Tensor], *inputs: torch.Tensor | N
     with autograd_inside_op():
         out = forward(*[None if t is None else t.detach().requires_grad_(t.is_floating_point()) for t in inputs])
     return out.detach()
-
-
-def await_sharded_inputs() -> None:
-    """On an SPMD mesh, wait for the computations still running before the CTC scan is traced.
-
-    On a mesh the step's backward is traced lazily after its compiled forward ran
-    (`b2t.engine.backend.spmd_openxla`), whose results stay placeholders while the mesh computes
-    them; under SPMD torch_xla's scan closes its backward over the forward's inputs (to shard
-    the gradients alike), and building that lowering asks each one's data for its handle, which
-    a sharded placeholder reads from a first shard it does not have yet: the process died with
-    a segfault in about half of the 8-step openxla runs on 4 CPU devices (`b2t.xla_workarounds`:
-    spmd-pending-scan-input). A single device's placeholder has a handle of its own.
-    """
-    import torch_xla.core.xla_model as xm
-    import torch_xla.runtime as xr
-
-    if xr.is_spmd():
-        xm.wait_device_ops()

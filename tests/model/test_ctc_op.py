@@ -82,7 +82,7 @@ def test_compiled_on_the_cpu_it_is_one_graph_with_the_eager_loss_and_gradient():
 def test_on_a_mesh_the_compiled_backward_waits_for_the_forward_results_it_closes_over():
     """Under openxla on an SPMD mesh the op's backward kernel traces its scan while the forward
     graph may still be running; the scan's lowering then read a sharded placeholder's missing
-    first shard and the process died (`await_sharded_inputs`). Made certain here by queueing
+    first shard and the process died (`b2t.engine.backend.spmd_openxla` waits). Made certain here by queueing
     seconds of other work ahead of each step; every gradient equals the uncompiled one."""
     result = subprocess.run([sys.executable, "-m", "tests.model._pending_ctc_probe"], cwd=Path(__file__).parents[2],
                             env={**os.environ, "CPU_NUM_DEVICES": "4", "PJRT_DEVICE": "CPU"},
