@@ -86,7 +86,7 @@ CAUSAL_LM_STEPS = 150
 def causal_lm(trained_run: TrainedRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer GPT-2 with a word-level tokenizer trained on the synthetic corpus, saved with
     save_pretrained: what `b2t-eval --rescore DIR` loads."""
-    from tools.tiny_causal_lm import train_causal_lm
+    from tests.tiny_causal_lm import train_causal_lm
 
     sentences = (trained_run.hdf5 / "corpus.txt").read_text().splitlines()
     return train_causal_lm(sentences, tmp_path_factory.mktemp("causal_lm") / "lm", steps=CAUSAL_LM_STEPS)

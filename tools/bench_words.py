@@ -7,9 +7,9 @@ the time each stage adds per 100 trials.
 Steps, each kept in WORKDIR/words-TEXT and skipped when done (a re-run resumes):
 1. the realistic preset with `--text TEXT` (5 sessions, --val-trials/--test-trials per
    session; `topics`, the default here, has long-range structure a 3-gram misses, see
-   preprocess/synth_text.py) and its tiny-recipe shards (`tools/compare_families.make_dataset`);
+   preprocess/synth_text.py) and its tiny-recipe shards (`tests/realistic_runs.make_dataset`);
    from the dataset's corpus.txt alone, a 3-gram KenLM binary (`b2t-lm build`) and a tiny GPT-2
-   (`tools/tiny_causal_lm.py`): both LMs read the same 3,000 sentences and nothing else.
+   (`tests/tiny_causal_lm.py`): both LMs read the same 3,000 sentences and nothing else.
    Their log-probability per word of the test sentences (drawn apart from the corpus; a short
    one may occur in it too, for both LMs alike) is printed
    (`--lms-only` stops here);
@@ -73,8 +73,8 @@ def _run(cmd: list[str]) -> float:
 
 def prepare_lms(data: Path, text: str, val_trials: int, test_trials: int, lm_steps: int) -> tuple[Path, Path]:
     """The dataset, its shards, and both LMs of its corpus.txt."""
-    from tools.compare_families import make_dataset
-    from tools.tiny_causal_lm import train_causal_lm
+    from tests.realistic_runs import make_dataset
+    from tests.tiny_causal_lm import train_causal_lm
 
     hdf5, shards = make_dataset(data.parent, data.name, 4, val_trials=val_trials, test_trials=test_trials, text=text)
     corpus = hdf5 / "corpus.txt"

@@ -23,7 +23,7 @@ from b2t.errors import DatasetError
 from b2t.model.registry import FAMILIES
 from b2t.run_dir import TENSORBOARD
 from b2t.train.loop import RunOptions, TrainingError, train
-from tools.compare_families import CONDITIONS, make_dataset, run_settings
+from tests.realistic_runs import CONDITIONS, make_dataset, run_settings
 
 NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
 COMPILES_PER_BUCKET = 4
@@ -62,7 +62,7 @@ def test_openxla_compiles_each_bucket_once_then_never(tiny_dataset, tmp_path):
 
 @pytest.fixture(scope="module")
 def realistic_shards(tmp_path_factory):
-    """tools/compare_families.py's structured dataset (b2t-synth --preset realistic), tiny recipe."""
+    """tests/realistic_runs.py's structured dataset (b2t-synth --preset realistic), tiny recipe."""
     _, shards = make_dataset(tmp_path_factory.mktemp("realistic"), "structured", CONDITIONS["structured"])
     return shards
 

@@ -23,7 +23,7 @@ pytest.importorskip("transformers", reason="the rescore extra is not installed")
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained (random) 2-layer GPT-2 over the toy grammar's words: scoring needs no training."""
-    from tools.tiny_causal_lm import train_causal_lm
+    from tests.tiny_causal_lm import train_causal_lm
 
     return train_causal_lm(sentences(50, seed=0), tmp_path_factory.mktemp("clm") / "lm", steps=0)
 

@@ -8,7 +8,7 @@ trained with AdamW on whole sentences for a fixed number of steps, then written 
 AutoModelForCausalLM as it loads OPT or Llama. Deterministic for a seed. Needs the
 `rescore` extra (transformers).
 
-    python tools/tiny_causal_lm.py CORPUS.txt OUT_DIR --steps 300
+    python -m tests.tiny_causal_lm CORPUS.txt OUT_DIR --steps 300   # from the repo root
 """
 
 from __future__ import annotations
