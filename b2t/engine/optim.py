@@ -90,7 +90,7 @@ def step_count(value: float | torch.Tensor, capturable: bool) -> torch.Tensor:
     value, so every equal count became one shared graph input (fresh zeros, or the equal
     counts a checkpoint restores) while counts a step computed are one input each: the step's
     graph then depended on the counts' values, and a resumed run compiled graphs a fresh one
-    had not (measured: 96 inputs fresh, 97 from a checkpoint, 108 with unequal counts).
+    had not (docs/xla-facts.md, item 14).
     A (1,) upload is device data of its own, whatever its value.
     """
     return torch.as_tensor(value, dtype=torch.float32, device="cpu").reshape((1,) if capturable else ())

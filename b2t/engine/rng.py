@@ -17,7 +17,7 @@ element's global index, so under SPMD the draws split over the mesh like any ele
 whole on every chip), and a mesh draws what one device does.
 
 Why not everywhere: as eager tensor ops the hash costs dozens of passes over every drawn
-element (measured on the tiny config: eager 9.0 -> 1.9 steps/s), where torch's RNG is one
+element (docs/xla-facts.md, item 15), where torch's RNG is one
 kernel. Eager and inductor use `TorchRng`, seeded per step by the trainer, so a resume still
 draws what an unbroken run did.
 """
@@ -68,8 +68,8 @@ def _mix(x: Tensor) -> Tensor:
 def _flat_index(shape: tuple[int, ...], device: torch.device) -> Tensor:
     """The row-major int32 index of every element of `shape`, as a broadcast sum of one small
     arange per dimension. Not one `arange` of the whole size: torch_xla makes an arange a
-    host-built constant of its full size (measured: 0.67 s for 4M elements, each trace, and
-    the literal goes into the HLO), so the first step of a bucket grew with T."""
+    host-built constant of its full size, traced on every trace and written into the HLO as a
+    literal (docs/xla-facts.md, item 16), so the first step of a bucket grew with T."""
     if not shape:
         return torch.zeros((), dtype=torch.int32, device=device)
     index, stride = None, 1

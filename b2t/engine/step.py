@@ -141,8 +141,8 @@ class Stepper:
 
         Gradients live within a step only (`set_to_none`): the next backward makes them anew, so
         no zeroed copy of them is kept between steps. Kept and donated, that copy sat beside the
-        step's own gradients, which the update reads after the last backward (the TPU compiler:
-        2.6 GiB per chip for the 687M model on v5e-8 `data=8`)."""
+        step's own gradients, which the update reads after the last backward (docs/parallel.md says
+        what that cost the 687M model)."""
         params = self._trained()
         self.backend.donate(self._weights_and_moments())
         clip = self.cfg.optim.grad_clip

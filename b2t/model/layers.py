@@ -92,7 +92,7 @@ class GRUStack(nn.Module):
     """A mesh's row-split constraint along a dim (`SpmdMesh.split_activations` sets it under fsdp),
     for the initial state: expanded from one (1, 1, H) parameter, it tells GSPMD nothing of rows,
     and under openxla the backward module got it whole, so every chip ran the backward's gates
-    for every row (fsdp=8: 1.16x the FLOPs of a chip's share, temp 13.8 GiB for the 687M model)."""
+    for every row (docs/tpu.md, "Does each chip do only its share?")."""
 
     def __init__(self, input_size: int, n_units: int, n_layers: int, dropout: float, *, device: torch.device = CPU) -> None:
         super().__init__()
@@ -195,7 +195,7 @@ class _Patches(torch.autograd.Function):
     added last to first (autograd's order there: the same gradients, bit for bit, in eager) and
     laid out as bins. Not autograd's backward of the strided slices: one interior pad of
     (B, T, F) per slice, which the TPU compiler does not fuse, so openxla's backward module held
-    `size` of them at once (+296 MiB of temp for the baseline at T=498, B=64 on one v5e chip)."""
+    `size` of them at once, each a (B, T, F) buffer of the TPU compiler's temp."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, size: int, stride: int) -> torch.Tensor:

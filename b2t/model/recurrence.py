@@ -10,7 +10,7 @@ Forward, every layer's output:
 Backward, `stack_backward` (every device): the gradients from the layers' saved outputs,
 without running the forward again. Not scan's own autograd: it saves each step's carry, and
 the carry holds the recurrent weight, so its backward kept one copy of weight_hh per time
-step (the TPU compiler refused the 687M model for a 32.8 GiB buffer, bf16[622, 3072, 9216]).
+step (a (T, 3H, H) buffer, larger than a v5e chip for the 687M model, which the TPU compiler refused).
 
 Dropout masks between layers (`keep`) are drawn by the caller, never here: inside a
 compiled graph a random op draws the same numbers at every call. `b2t.model.gru_op` wraps

@@ -182,8 +182,8 @@ def short_of_headroom(memory: Memory, hbm: int) -> str:
 
 def over_hbm(memory: Memory, hbm: int) -> str:
     """The refusal of a graph the compiler accepted whose buffers still exceed the chip: libtpu
-    accepts steps needing more than HBM when their outputs are not donated (measured: an SPMD
-    step at 23.3 GiB per v5e chip with aliasing off), as it does not count the arguments and
+    accepts steps needing more than HBM when their outputs are not donated (docs/tpu.md, the
+    donation under SPMD), as it does not count the arguments and
     the undonated outputs against HBM together. '' when it is within HBM."""
     if memory.total <= hbm:
         return ""

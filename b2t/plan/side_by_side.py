@@ -1,8 +1,7 @@
 """Compile traced graphs for a TPU target side by side, and what that costs in host memory.
 
 Why: a run's graphs do not depend on each other, and libtpu's compile-only client compiles
-from several threads at once (it releases the GIL; measured: an eval graph started 2 s after a
-train graph finished 76 s before it), so `b2t-plan --target` waits about as long as
+from several threads at once (it releases the GIL; docs/xla-facts.md, item 19), so `b2t-plan --target` waits about as long as
 its slowest graph on a host with enough cores, not for the sum. Tracing stays one graph after
 another (torch_xla traces in one thread); only the compiles overlap.
 
@@ -30,9 +29,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 def default_jobs() -> int:
     """Half the cores this process may run on (its CPU affinity, else the machine's count), at
-    least 1: one libtpu compile keeps about two cores busy (the tiny train step: 19 s of CPU in
-    11 s), so more concurrent compiles only contend (the demo's six steps on 2 cores: 27 s of
-    wall with one at a time, 30 s with two)."""
+    least 1: one libtpu compile keeps about two cores busy, so more concurrent compiles only
+    contend (docs/tpu.md, the tiny config on one v5e chip)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

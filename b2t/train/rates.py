@@ -4,7 +4,7 @@ A run spends its time setting up, warming up (compiling), stepping, validating a
 checkpoints. The rate a person plans with, and the one `metrics.jsonl` and `report.png`
 show, is steps over stepping time only: the warm-up, validations and checkpoints are timed
 as phases of their own (`StepClock.apart`), so the first logged rate is already the steady
-one (before, it held the whole warm-up: 0.10 steps/s for a 0.9 steps/s run).
+one, not the steps diluted by minutes of compiling.
 
 XLA runs steps asynchronously; a window's time is closed at the loss read-back of
 `Run.log_losses`, the loop's one host sync, so it holds the window's device work.

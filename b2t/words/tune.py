@@ -11,8 +11,8 @@ neural weight when rescoring) are one of the points and win every tie, so the WE
 is never worse than theirs; among other equal points the one nearest to them wins.
 
 A val split of a few hundred sentences has noise: a point a handful of word errors better
-there is as likely to be worse on test (measured on the realistic synth: 1-2 words better on
-val, 2-3 worse on test). So the best point replaces the defaults only when its gain is not
+there is as likely to be worse on test (on the realistic synth, points a word or two better on
+val were worse on test). So the best point replaces the defaults only when its gain is not
 chance: a paired sign-flip test over the trials (`sign_flip_p`, exact) must give p < alpha
 (`ALPHA` unless `--tune-alpha`; 1 takes the best point whatever its gain).
 
