@@ -26,6 +26,27 @@ def test_counter_draws_depend_on_seed_and_stream_only_and_match_on_xla():
     assert not torch.equal(a.uniform(3, (4, 5)), CounterRng(_seed(8)).uniform(3, (4, 5)))
 
 
+def _lowbias32(x: int) -> int:
+    """The counter RNG's mixing function in unsigned 32-bit arithmetic."""
+    for shift, mult in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = ((x ^ (x >> shift)) * mult) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@pytest.mark.parametrize("device", ["cpu", "xla"])
+def test_counter_bits_are_the_unsigned_hash_of_seed_stream_and_index(device):
+    """Written with Python's unsigned integers, so any change to the draws (a faster shift, a
+    reordered mix) fails here unless it keeps every bit, on the host and on XLA."""
+    seed, stream, n = 123456789, 6, 4096
+    golden = 0x9E3779B9
+    key = _lowbias32((seed * golden + stream * 0x7FEB352D) & 0xFFFFFFFF)
+    want = [_lowbias32((_lowbias32(((i * golden) & 0xFFFFFFFF) ^ key) + key) & 0xFFFFFFFF) for i in range(n)]
+    dev = torch_xla.device() if device == "xla" else torch.device("cpu")
+    got = CounterRng(_seed(seed, dev)).bits(stream, (n,)).cpu().tolist()
+    assert [g & 0xFFFFFFFF for g in got] == want
+    assert any(g < 0 for g in got)  # the sign bit was set, so the logical shifts were tested
+
+
 def test_a_counter_draw_is_the_flat_draw_of_its_size_reshaped():
     rng = CounterRng(_seed(11))
     flat = rng.bits(2, (3 * 4 * 5,))
