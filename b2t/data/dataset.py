@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from b2t.config import SHARD_SHAPING_MODEL_KEYS, Config
+from b2t.config import Config
 from b2t.contract import Batch, BucketShape
 from b2t.data.loader import StreamConfig, eval_batches, pass_shards, train_batches
 from b2t.data.manifest import Manifest, ShardEntry
@@ -39,7 +39,7 @@ class Dataset:
         manifest = Manifest.load(root)
         notes = []
         if cfg is not None:
-            _check_patching(manifest, cfg)
+            manifest.check_patching(cfg.model)
             notes += manifest.config_differences(cfg.data)
         t0 = time.perf_counter()
         problems = manifest.shard_problems(root, splits, sha256=verify) if splits else []
@@ -80,15 +80,4 @@ class Dataset:
     def first_pass(self, cfg: StreamConfig) -> list[ShardEntry]:
         """The train shards this reader takes in its first pass (recorded in a run's layout record)."""
         return pass_shards(self.manifest, "train", 0, cfg)
-
-
-def _check_patching(manifest: Manifest, cfg: Config) -> None:
-    """The model's patching must be the one the buckets were aligned to."""
-    used = manifest.config.get("model", {})
-    for key in SHARD_SHAPING_MODEL_KEYS:
-        if used.get(key) != getattr(cfg.model, key):
-            raise DatasetError(
-                f"model.{key}={getattr(cfg.model, key)} but the shards were bucketed for {key}={used.get(key)}: "
-                "re-run b2t-preprocess with this config or use the config the shards were made with"
-            )
 

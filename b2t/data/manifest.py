@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from b2t.atomic import atomic_write_text
+from b2t.config import SHARD_SHAPING_MODEL_KEYS
 from b2t.contract import FIELDS, BucketShape
 from b2t.errors import DatasetError, MissingInput
 from b2t.paths import MANIFEST_NAME, file_kind, not_regular
@@ -133,6 +134,16 @@ class Manifest:
         if not (isinstance(size, int) and isinstance(stride, int) and 1 <= stride <= size):
             raise DatasetError(f"model.patch_size={size!r}, patch_stride={stride!r}: expected integers, 1 <= stride <= size")
         return size, stride
+
+    def check_patching(self, model: Any) -> None:
+        """The `model` config section's (a ModelConfig) patching must be the one the buckets
+        were aligned to."""
+        used = self.config.get("model", {})
+        for key in SHARD_SHAPING_MODEL_KEYS:
+            if used.get(key) != getattr(model, key):
+                raise DatasetError(
+                    f"model.{key}={getattr(model, key)} but the shards were bucketed for {key}={used.get(key)}: "
+                    "re-run b2t-preprocess with this config or use the config the shards were made with")
 
     def config_differences(self, data: Any) -> list[str]:
         """A note when the `data` config section (a DataConfig) differs from the one the shards

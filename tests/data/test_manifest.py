@@ -1,10 +1,17 @@
-"""Shards against their manifest: missing and resized ones cheaply, a flipped byte by sha256."""
+"""Shards against their manifest: missing and resized ones cheaply, a flipped byte by sha256; a
+config against the patching the shards were bucketed for."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
+import pytest
+
+from b2t.config import TINY_CONFIG, load_config
+from b2t.data.dataset import Dataset
 from b2t.data.manifest import Manifest
+from b2t.errors import DatasetError
 
 
 def test_shard_problems_name_each_bad_shard(tiny_dataset, tmp_path):
@@ -52,3 +59,15 @@ def test_a_shard_linked_to_a_file_in_a_sub_folder_is_inside(tiny_dataset, tmp_pa
     assert manifest.shard_problems(root, ("val",), sha256=True) == []
     assert len(list(eval_batches(root, manifest, "val", StreamConfig()))) == sum(s.n_batches for s in
                                                                                 manifest.shards_of("val"))
+
+
+def test_a_config_with_other_patching_is_refused_naming_both(tiny_dataset):
+    """The buckets were aligned to the patching the shards were made with: another one would
+    cut different patches from the same padded lengths."""
+    shards = tiny_dataset[1]
+    cfg = load_config(TINY_CONFIG)
+    Manifest.load(shards).check_patching(cfg.model)
+    other = replace(cfg, model=replace(cfg.model, patch_stride=cfg.model.patch_stride + 1))
+    with pytest.raises(DatasetError, match=rf"model.patch_stride={cfg.model.patch_stride + 1} but the shards were "
+                                           rf"bucketed for patch_stride={cfg.model.patch_stride}: re-run b2t-preprocess"):
+        Dataset.open(shards, other)
