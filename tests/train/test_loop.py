@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from b2t.cli.report import main as report_main
 from b2t.cli.train import train_main
-from b2t.config import CONFIG_DIR, TINY_CONFIG, load_config
+from b2t.config import TINY_CONFIG, load_config
 from b2t.contract import LOSS_DTYPE
 from b2t.data.loader import StreamConfig, train_batches
 from b2t.data.manifest import Manifest
@@ -23,9 +23,8 @@ from b2t.errors import DatasetError
 from b2t.model.registry import FAMILIES
 from b2t.run_dir import TENSORBOARD
 from b2t.train.loop import RunOptions, TrainingError, train
-from tests.realistic_runs import CONDITIONS, make_dataset, run_settings
+from tests.realistic_runs import CONDITIONS, NOISE_TINY, make_dataset, run_settings
 
-NOISE_TINY_CONFIG = CONFIG_DIR / "noise_tiny.yaml"
 COMPILES_PER_BUCKET = 4
 """The issue-10 bound: measured 11 for 3 buckets with openxla on the tiny config (per bucket
 the train forward, its backward and the eval graph; plus two optimizer-update graphs)."""
@@ -110,7 +109,7 @@ def _stepper(backend_name, shards, config):
 
 def _loss_curve(backend_name, shards, steps):
     """Objective of each of the first `steps` training steps of configs/noise_tiny.yaml."""
-    stepper, batches = _stepper(backend_name, shards, NOISE_TINY_CONFIG)
+    stepper, batches = _stepper(backend_name, shards, NOISE_TINY)
     return [float(stepper.train_step([batch], i + 1)[0].cpu()) for i, batch in zip(range(steps), batches)]
 
 
@@ -148,7 +147,7 @@ def _first_batch_losses(backend_name, shards, config=TINY_CONFIG):
     return {head: float(loss.to(LOSS_DTYPE).cpu()) for head, loss in losses.items()}
 
 
-@pytest.mark.parametrize("config", [TINY_CONFIG, NOISE_TINY_CONFIG], ids=["gru", "noise_separating"])
+@pytest.mark.parametrize("config", [TINY_CONFIG, NOISE_TINY], ids=["gru", "noise_separating"])
 def test_openxla_and_eager_agree_on_the_same_batch_and_weights(tiny_dataset, config, monkeypatch):
     """Both run the forward in bf16 autocast (8-bit mantissa, ~0.4% per op): given the same
     draws (openxla's counter RNG on eager too), the mean CTC loss of each head on a batch, a
@@ -156,7 +155,7 @@ def test_openxla_and_eager_agree_on_the_same_batch_and_weights(tiny_dataset, con
     _, shards = tiny_dataset
     monkeypatch.setattr(Backend, "rng", lambda self, seed: CounterRng(seed))
     eager, openxla = _first_batch_losses("eager", shards, config), _first_batch_losses("openxla", shards, config)
-    assert set(eager) == set(openxla) and len(eager) == {TINY_CONFIG: 1, NOISE_TINY_CONFIG: 2}[config]
+    assert set(eager) == set(openxla) and len(eager) == {TINY_CONFIG: 1, NOISE_TINY: 2}[config]
     for head in eager:
         assert openxla[head] == pytest.approx(eager[head], rel=0.02), head
 
