@@ -168,17 +168,19 @@ def _layer_backward(d_y: torch.Tensor, inp: torch.Tensor, h_prev: torch.Tensor, 
     g_all, d_gates_h, carry = walk(d_y, coef, z, w_hh.to(acc))
     d_gates_x = torch.cat([d_gates_h[:, :, :2], (g_all * d_n)[:, :, None]], dim=2)  # (P, B, 3, H)
     # rows batch-first, as the input lies: the input (D = 7168 wide at the first layer) is never
-    # transposed, and its gradient comes out (B, P, D) contiguous; only the 3H-wide gates move
-    d_gates_x = d_gates_x.transpose(0, 1).reshape(B * P, 3 * H)
+    # transposed, and its gradient comes out (B, P, D) contiguous; only the 3H-wide gates move.
+    # Rows and steps stay two dims, never merged into one (B * P) dim: merging them made the TPU
+    # compiler copy the whole input into a new layout first (docs/tpu.md, the GRU backward)
+    d_gates_x = d_gates_x.transpose(0, 1).reshape(B, P, 3 * H)
     d_gates_h = d_gates_h.reshape(P, B, 3 * H)
     with forward_autocast:  # the input's matmuls in the forward's compute dtype, as autograd would
-        d_w_ih = (d_gates_x.T @ inp.reshape(B * P, -1)).to(acc)
-        d_in = (d_gates_x @ w_ih).to(inp.dtype).reshape(B, P, -1)  # the first layer's stays in x's dtype
+        d_w_ih = torch.einsum("bpg,bpd->gd", d_gates_x, inp).to(acc)
+        d_in = (d_gates_x @ w_ih).to(inp.dtype)  # the first layer's stays in x's dtype
     # summed over steps and rows as two dims, not one merged (P * B) dim: rows split over a mesh
     # are the minor part of a merged dim, which GSPMD cannot keep split, so it gathered every row
     # and each chip ran the whole product (8x its share on 8 chips, the TPU compiler's cost analysis)
     d_w_hh = torch.einsum("pbg,pbh->gh", d_gates_h, h_prev)
-    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum(0), d_gates_h.sum((0, 1))]
+    return d_in, carry, [d_w_ih, d_w_hh, d_gates_x.sum((0, 1)), d_gates_h.sum((0, 1))]
 
 
 def _gate_blocks(gates: torch.Tensor) -> list[torch.Tensor]:
