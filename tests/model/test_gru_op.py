@@ -6,6 +6,7 @@ the CPU (torch's kernel, the same backward), in f32 and under bf16 autocast."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -138,6 +139,25 @@ def test_the_backward_kernel_on_xla_copies_nothing_the_size_of_an_activation_to_
     print(f"bytes copied to the device by the backward kernel: {copied:.0f} (one activation: {B * P * H * 4})")
     assert copied < B * P * H * 4
     assert dx.shape == x.shape and dh0.shape == h0.shape and len(dweights) == len(weights)
+
+
+def test_the_weight_gradients_on_xla_sum_over_rows_and_steps_as_two_dims():
+    """Each weight gradient contracts rows and steps as two dims, never one merged (B * P) dim:
+    merged, the TPU compiler first copied the whole layer input into another layout (docs/tpu.md:
+    the baseline's largest kernel to compile), and on a mesh GSPMD gathered the rows it splits."""
+    B, P, D, H, L = 3, 5, 7, 4, 2
+    gru, x, h0, keep, _ = _case(B, P, D, H, L, True, 0)
+    with torch.no_grad():
+        weights = [w.to(DEVICE) for w in gru_weights(gru)]
+        x, h0, keep = x.to(DEVICE), h0.to(DEVICE), keep.to(DEVICE)
+        states, gates = torch.ops.b2t.gru_layers(x, h0, weights, keep)
+        _, _, dweights = torch.ops.b2t.gru_layers_backward(torch.ones_like(states), x, h0, weights, keep,
+                                                           states, gates)
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo(dweights)
+    products = [line.strip() for line in hlo.splitlines() if re.search(rf"= f32\[{3 * H},({D}|{H})\]\S* dot\(", line)]
+    assert len(products) == 2 * L  # weight_ih's and weight_hh's of each layer
+    for line in products:
+        assert "lhs_contracting_dims={0,1}" in line, f"a weight gradient over one merged dim: {line[:160]}"
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 5, 4, 2), (4, 12, 9, 6, 3)])
