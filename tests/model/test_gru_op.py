@@ -112,6 +112,15 @@ def test_inside_openxla_matches_the_lazy_scan_of_one_time_loop_per_layer_each_wa
     assert _while_loops(gru_stack, case) == loops
 
 
+def _forward_on_xla(B: int, P: int, D: int, H: int, L: int):
+    """x, h0, weights and dropout masks of a case on the XLA device, and the op's forward outputs
+    (states, gates): what its backward kernel takes. Call under no_grad."""
+    gru, x, h0, keep, _ = _case(B, P, D, H, L, True, 0)
+    weights = [w.to(DEVICE) for w in gru_weights(gru)]
+    x, h0, keep = x.to(DEVICE), h0.to(DEVICE), keep.to(DEVICE)
+    return x, h0, weights, keep, *torch.ops.b2t.gru_layers(x, h0, weights, keep)
+
+
 def test_the_backward_kernel_on_xla_copies_nothing_the_size_of_an_activation_to_the_device():
     """The backward op's kernel runs without functionalization, where XLA made each strided view
     (a `chunk` of the gates) by gathering with a host-built index tensor of the view's size,
@@ -120,11 +129,8 @@ def test_the_backward_kernel_on_xla_copies_nothing_the_size_of_an_activation_to_
     import torch_xla.debug.metrics as met
 
     B, P, D, H, L = 4, 64, 6, 32, 2
-    gru, x, h0, keep, _ = _case(B, P, D, H, L, True, 0)
     with torch.no_grad():
-        weights = [w.to(DEVICE) for w in gru_weights(gru)]
-        x, h0, keep = x.to(DEVICE), h0.to(DEVICE), keep.to(DEVICE)
-        states, gates = torch.ops.b2t.gru_layers(x, h0, weights, keep)
+        x, h0, weights, keep, states, gates = _forward_on_xla(B, P, D, H, L)
         grad = torch.ones_like(states)
         torch_xla.sync()
 
@@ -146,11 +152,8 @@ def test_the_weight_gradients_on_xla_sum_over_rows_and_steps_as_two_dims():
     merged, the TPU compiler first copied the whole layer input into another layout (docs/tpu.md:
     the baseline's largest kernel to compile), and on a mesh GSPMD gathered the rows it splits."""
     B, P, D, H, L = 3, 5, 7, 4, 2
-    gru, x, h0, keep, _ = _case(B, P, D, H, L, True, 0)
     with torch.no_grad():
-        weights = [w.to(DEVICE) for w in gru_weights(gru)]
-        x, h0, keep = x.to(DEVICE), h0.to(DEVICE), keep.to(DEVICE)
-        states, gates = torch.ops.b2t.gru_layers(x, h0, weights, keep)
+        x, h0, weights, keep, states, gates = _forward_on_xla(B, P, D, H, L)
         _, _, dweights = torch.ops.b2t.gru_layers_backward(torch.ones_like(states), x, h0, weights, keep,
                                                            states, gates)
         hlo = torch_xla._XLAC._get_xla_tensors_hlo(dweights)
