@@ -137,12 +137,12 @@ class Manifest:
 
     def check_patching(self, model: Any) -> None:
         """The `model` config section's (a ModelConfig) patching must be the one the buckets
-        were aligned to."""
-        used = self.config.get("model", {})
+        were aligned to (`patching`, the one reader of the manifest's model section)."""
+        used = dict(zip(SHARD_SHAPING_MODEL_KEYS, self.patching(), strict=True))
         for key in SHARD_SHAPING_MODEL_KEYS:
-            if used.get(key) != getattr(model, key):
+            if used[key] != getattr(model, key):
                 raise DatasetError(
-                    f"model.{key}={getattr(model, key)} but the shards were bucketed for {key}={used.get(key)}: "
+                    f"model.{key}={getattr(model, key)} but the shards were bucketed for {key}={used[key]}: "
                     "re-run b2t-preprocess with this config or use the config the shards were made with")
 
     def config_differences(self, data: Any) -> list[str]:
