@@ -27,7 +27,7 @@ from b2t.engine.device_state import start_training_state
 from b2t.engine.optim import make_optimizer
 from b2t.model.registry import build_model
 from b2t.train.init_from import init_from_checkpoint
-from b2t.train.loop import _resume_state
+from b2t.train.resume import resume_state
 
 CFG = load_config(TINY_CONFIG, ["train.backend=eager"])
 
@@ -65,7 +65,7 @@ def _rewrite(path: Path, tensors=None, meta=None) -> Path:
 
 def _resume(path: Path, manifest: Manifest, dataset: Path) -> TrainState:
     model, optimizer = _model_and_optimizer(len(manifest.sessions))
-    return _resume_state(path, model, optimizer, Dataset(dataset, manifest), CFG)
+    return resume_state(path, model, optimizer, Dataset(dataset, manifest), CFG)
 
 
 def _eval_says(path: Path, dataset: Path, message: str) -> None:

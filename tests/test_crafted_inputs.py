@@ -35,8 +35,9 @@ from b2t.engine.checkpoint import TrainState, save_checkpoint
 from b2t.engine.optim import make_optimizer
 from b2t.import_baseline import BaselineError, load_baseline
 from b2t.run_dir import MetricsError, read_records
-from b2t.train.loop import RunOptions, TrainingError, _resume_state, train
+from b2t.train.loop import RunOptions, TrainingError, train
 from b2t.train.metrics_log import MetricsLog
+from b2t.train.resume import resume_state
 from b2t.words.lexicon import LexiconError, load_lexicon
 from b2t.words.ngram import check_arpa
 from preprocess.hdf5_source import DataError, discover_sessions, scan_file, session_warnings
@@ -245,10 +246,10 @@ def test_08_resume_refuses_a_checkpoint_of_other_data(small, tmp_path):
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, state)
     with pytest.raises(TrainingError, match=rf"trained on the dataset at /data/seed1 \(identity abababababab\), "
                                             rf"{shards} holds other data"):
-        _resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg)
+        resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg)
     state.dataset["identity"] = manifest.identity()
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, state)
-    assert _resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg).sessions
+    assert resume_state(tmp_path / "last.safetensors", model, optimizer, Dataset(shards, manifest), cfg).sessions
 
 
 def test_09_resume_with_init_from_is_refused(small, tmp_path):

@@ -5,7 +5,7 @@
         every val_every: greedy PER on val (best.safetensors) ; every checkpoint_every: last
     -> compile accounting (fails the run past --max-compiles)
 
-`train` sets the run up (`start_run`), warms it up (`warm_up`), steps it (`Run.step`) and
+`train` sets the run up (`Run`), warms it up (`warm_up`), steps it (`Run.step`) and
 after each step does what is due (`Run.log`, `Run.validate`, `Run.checkpoint`); `finish`
 writes the summary and checks the compile budget.
 
@@ -24,7 +24,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from b2t.data.dataset import Dataset
 from b2t.data.loader import StreamConfig
 from b2t.decoding import decode_batches, summarize
 from b2t.engine.backend import Backend, CompileStats, describe, make_backend
-from b2t.engine.checkpoint import TrainState, load_checkpoint, read_state, save_checkpoint
+from b2t.engine.checkpoint import TrainState, read_state, save_checkpoint
 from b2t.engine.mesh import check_divisible, host_copy
 from b2t.engine.optim import make_optimizer
 from b2t.engine.parallel import Layout, close_ddp, make_layout, wrap_ddp
@@ -48,11 +48,11 @@ from b2t.progress import progress_bar
 from b2t.run_dir import RunDir
 from b2t.run_lock import exclusive, reading_dataset, run_lock_name
 from b2t.train import interruptions, warmup
-from b2t.train.init_from import init_from_checkpoint
+from b2t.train.init_from import InitReport, init_from_checkpoint
 from b2t.train.interruptions import TrainingError
 from b2t.train.metrics_log import MetricsLog
 from b2t.train.rates import TRAINING, StepClock
-from b2t.train.resume import resume_or_start, same_data_order, this_rank
+from b2t.train.resume import check_resumable, resume_or_start, resumed, this_rank
 from b2t.train.summary import finished_summary, run_times
 from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
 
@@ -67,15 +67,6 @@ class RunOptions:
     verify_data: bool = False  # sha256 of every shard against the manifest before training
 
 
-def check_same_readers(run_dir: RunDir, layout: Layout) -> None:
-    """A resumed run skips `batches` batches of each reader's stream, which is only the same
-    position in the data when the shards are split over as many readers as before."""
-    before = [r["world"] for r in run_dir.records() if r.get("kind") == "layout"]
-    if before and before[-1] != layout.world:
-        raise TrainingError(f"{run_dir.path} was trained with {before[-1]} data readers (hosts or torchrun processes), "
-                            f"this run has {layout.world}: resume with {before[-1]}")
-
-
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 of the weights in state-dict order: equal on every replica of a data-parallel run."""
     h = hashlib.sha256()
@@ -85,57 +76,60 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def _resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
-                  cfg: Config) -> TrainState:
-    """The checkpoint's state loaded into `model` and `optimizer`, if it is this run's.
-
-    `train` (steps, logging) may change on resume; `mesh` too (the run goes on, recorded
-    in the metrics, though not bit-identical to an unbroken run); every other section
-    must be the one the checkpoint was trained with.
-    """
-    state = read_state(path)
-    _check_resumable(path, state, data, cfg)
-    return load_checkpoint(path, model, optimizer)
-
-
-def _check_resumable(path: Path, state: TrainState, data: Dataset, cfg: Config) -> None:
-    """`path`'s state was trained on this dataset's data and sessions with this config (see `_resume_state`)."""
-    trained_on, identity = state.dataset.get("identity"), data.identity()["identity"]
-    if trained_on is not None and trained_on != identity:
-        raise TrainingError(f"{path} was trained on the dataset at {state.dataset.get('path')} (identity "
-                            f"{trained_on[:12]}), {data.root} holds other data (identity {identity[:12]}: "
-                            "other shards, batches or sessions): resume on the dataset it was trained on, "
-                            "or start a new run directory")
-    if state.sessions != data.sessions:
-        raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
-                            f"{data.sessions[:3]}...: day indices would not match")
-    free = ("train", "mesh")
-    saved = {k: v for k, v in state.config.items() if k not in free}
-    now = {k: v for k, v in cfg.to_dict().items() if k not in free}
-    if saved != now:
-        changed = sorted(k for k in now if saved.get(k) != now[k])
-        raise TrainingError(f"{path} was trained with different {changed} settings: resume with the same config")
-
-
-@dataclass
 class Run:
-    """One training run's parts, from `start_run`; the loop drives it one step at a time."""
+    """One training run: its initializer builds the model, optimizer and stepper, resumes the
+    checkpoint's state or starts a fresh one, and opens the metrics log (nothing compiled yet);
+    the loop then drives it one step at a time."""
 
-    data: Dataset
-    run_dir: RunDir
-    cfg: Config
-    layout: Layout
-    backend: Backend
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    stepper: Stepper
-    state: TrainState
-    log: MetricsLog
-    stream_cfg: StreamConfig
-    progress: bool = True
-    clock: StepClock = field(default_factory=StepClock)  # steps/s from stepping time only (b2t.train.rates)
-    bar: tqdm | None = None  # the training bar, made after the warm-up so its rate and ETA hold steps only
-    phase: str = "the warm-up"  # what runs now, for an out-of-memory message
+    def __init__(self, data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, layout: Layout,
+                 backend: Backend) -> None:
+        if layout.kind == "spmd":
+            check_divisible(data.buckets, layout.devices)
+        model = seeded_model(cfg, len(data.sessions), backend)
+        forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
+        optimizer = make_optimizer(model, cfg.optim)
+        if opts.resume:
+            state, cfg = resumed(run_dir, layout, model, optimizer, data, cfg)
+        else:
+            state = TrainState(sessions=data.sessions, config=cfg.to_dict())
+        state.dataset = data.identity()
+        init = init_from_checkpoint(opts.init_from, model, data.sessions, cfg) if opts.init_from else None
+        if state.mesh and state.mesh != layout.mesh:
+            tqdm.write(f"note: {run_dir.last} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
+                       "training goes on, but not bit-identical to an unbroken run on one mesh")
+        state.mesh = layout.mesh
+        self.data = data
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.layout = layout
+        self.backend = backend
+        self.model = model
+        self.optimizer = optimizer
+        self.state = state
+        self.progress = opts.progress
+        self.stepper = Stepper(model, optimizer, backend, cfg, forward)
+        self.log = MetricsLog(run_dir.metrics_of(layout.rank), tensorboard=layout.is_main,
+                              resume_step=state.step if opts.resume else None)
+        self.stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
+                                       num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
+        self.clock = StepClock()  # steps/s from stepping time only (b2t.train.rates)
+        self.bar: tqdm | None = None  # the training bar, made after the warm-up so its rate and ETA hold steps only
+        self.phase = "the warm-up"  # what runs now, for an out-of-memory message
+        self._start_log(init, opts.resume)
+
+    def _start_log(self, init: InitReport | None, resumed: bool) -> None:
+        """The run's first records (and lines): its device, where it starts from, its layout."""
+        if self.layout.is_main:
+            tqdm.write(describe(self.backend, self.cfg.train.compute_dtype, self.stepper.compute))
+        if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
+            self.log.write("init", source=str(init.source), kept=init.kept, new=init.new)
+            tqdm.write(init.summary())
+        if resumed:
+            self.log.write("resume", step=self.state.step, checkpoint=str(self.run_dir.last))
+        self.log.write("layout", parallel=self.layout.kind, rank=self.layout.rank, world=self.layout.world,
+                       devices=self.layout.devices, mesh=self.layout.mesh,
+                       compute=str(self.stepper.compute).removeprefix("torch."),
+                       first_pass_shards=[s.name for s in self.data.first_pass(self.stream_cfg)])
 
     @property
     def has_val(self) -> bool:
@@ -193,44 +187,6 @@ class Run:
         """The training bar, from here: its rate and ETA count the steps after the warm-up only."""
         self.bar = progress_bar(total=self.cfg.train.steps, initial=self.state.step, unit="step", desc="training",
                                 disable=not (self.progress and self.layout.is_main))
-
-
-def start_run(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions, layout: Layout,
-              backend: Backend) -> Run:
-    """Model, optimizer, resumed state, metrics log and stepper of a run (nothing compiled yet)."""
-    if layout.kind == "spmd":
-        check_divisible(data.buckets, layout.devices)
-    model = seeded_model(cfg, len(data.sessions), backend)
-    forward = wrap_ddp(model, backend.device) if layout.kind == "ddp" else None
-    optimizer = make_optimizer(model, cfg.optim)
-    if opts.resume:
-        check_same_readers(run_dir, layout)
-        state = _resume_state(run_dir.last, model, optimizer, data, cfg)
-        cfg = same_data_order(run_dir.last, state.config, cfg)
-    else:
-        state = TrainState(sessions=data.sessions, config=cfg.to_dict())
-    state.dataset = data.identity()
-    init = init_from_checkpoint(opts.init_from, model, data.sessions, cfg) if opts.init_from else None
-    if state.mesh and state.mesh != layout.mesh:
-        tqdm.write(f"note: {run_dir.last} was trained on mesh {state.mesh}, this run uses {layout.mesh}: "
-                   "training goes on, but not bit-identical to an unbroken run on one mesh")
-    state.mesh = layout.mesh
-    stepper = Stepper(model, optimizer, backend, cfg, forward)
-    log = MetricsLog(run_dir.metrics_of(layout.rank),
-                     tensorboard=layout.is_main, resume_step=state.step if opts.resume else None)
-    if layout.is_main:
-        tqdm.write(describe(backend, cfg.train.compute_dtype, stepper.compute))
-    if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
-        log.write("init", source=str(init.source), kept=init.kept, new=init.new)
-        tqdm.write(init.summary())
-    stream_cfg = StreamConfig(seed=cfg.train.seed, shuffle_buffer=cfg.train.shuffle_buffer,
-                              num_workers=cfg.train.num_workers, rank=layout.rank, world=layout.world)
-    if opts.resume:
-        log.write("resume", step=state.step, checkpoint=str(run_dir.last))
-    log.write("layout", parallel=layout.kind, rank=layout.rank, world=layout.world, devices=layout.devices,
-              mesh=layout.mesh, compute=str(stepper.compute).removeprefix("torch."),
-              first_pass_shards=[s.name for s in data.first_pass(stream_cfg)])
-    return Run(data, run_dir, cfg, layout, backend, model, optimizer, stepper, state, log, stream_cfg, opts.progress)
 
 
 def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
@@ -315,7 +271,7 @@ def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dic
     if opts.resume:
         state = read_state(run_dir.last)
         if state.step >= cfg.train.steps:  # finished: nothing to compile or train, the end summary again
-            _check_resumable(run_dir.last, state, data, cfg)
+            check_resumable(run_dir.last, state, data, cfg)
             done = finished_summary(run_dir.records(), state.step)
             if done is not None:
                 return done
@@ -323,7 +279,7 @@ def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dic
     run: Run | None = None
     try:
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
-        run = start_run(data, run_dir, cfg, opts, layout, backend)
+        run = Run(data, run_dir, cfg, opts, layout, backend)
         signals.describe_stop(lambda name: interruptions.warm_up_line(name, run.state.step))
         warm = warm_up(run, opts) if run.state.step < cfg.train.steps else run.backend.stats()
         stream = data.train_batches(run.stream_cfg, start=run.state.batches)

@@ -11,6 +11,8 @@ rank at a time). The rules, checked before anything is loaded or written:
   steps, which a fresh start repeats exactly); past that, `last` is missing and is refused.
 - `--resume` continues the data order exactly (`same_data_order`): a setting that would
   change it is refused, or, for the loader's worker count, the checkpoint's is kept.
+- `--resume` continues only the run the checkpoint holds (`resume_state`): the same dataset,
+  sessions and config, and as many data readers as before (`check_same_readers`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from b2t.config import Config
-from b2t.engine.parallel import torchrun_rank_world
+from b2t.data.dataset import Dataset
+from b2t.engine.checkpoint import TrainState, load_checkpoint, read_state
+from b2t.engine.parallel import Layout, torchrun_rank_world
 from b2t.run_dir import BEST, LAST, RunDir, scan_records
 from b2t.train.interruptions import TrainingError
 
@@ -105,3 +110,53 @@ def same_data_order(path: Path, saved: dict, cfg: Config) -> Config:
         tqdm.write(f"note: {path} was trained with train.{k}={then[k]!r}, this run uses {now[k]!r}: training goes "
                    "on, but not bit-identical to an unbroken run")
     return replace(cfg, train=replace(cfg.train, **kept)) if kept else cfg
+
+
+def check_same_readers(run_dir: RunDir, layout: Layout) -> None:
+    """A resumed run skips `batches` batches of each reader's stream, which is only the same
+    position in the data when the shards are split over as many readers as before."""
+    before = [r["world"] for r in run_dir.records() if r.get("kind") == "layout"]
+    if before and before[-1] != layout.world:
+        raise TrainingError(f"{run_dir.path} was trained with {before[-1]} data readers (hosts or torchrun processes), "
+                            f"this run has {layout.world}: resume with {before[-1]}")
+
+
+def resume_state(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Dataset,
+                 cfg: Config) -> TrainState:
+    """The checkpoint's state loaded into `model` and `optimizer`, if it is this run's.
+
+    `train` (steps, logging) may change on resume; `mesh` too (the run goes on, recorded
+    in the metrics, though not bit-identical to an unbroken run); every other section
+    must be the one the checkpoint was trained with.
+    """
+    state = read_state(path)
+    check_resumable(path, state, data, cfg)
+    return load_checkpoint(path, model, optimizer)
+
+
+def check_resumable(path: Path, state: TrainState, data: Dataset, cfg: Config) -> None:
+    """`path`'s state was trained on this dataset's data and sessions with this config (see `resume_state`)."""
+    trained_on, identity = state.dataset.get("identity"), data.identity()["identity"]
+    if trained_on is not None and trained_on != identity:
+        raise TrainingError(f"{path} was trained on the dataset at {state.dataset.get('path')} (identity "
+                            f"{trained_on[:12]}), {data.root} holds other data (identity {identity[:12]}: "
+                            "other shards, batches or sessions): resume on the dataset it was trained on, "
+                            "or start a new run directory")
+    if state.sessions != data.sessions:
+        raise TrainingError(f"{path} was trained on sessions {state.sessions[:3]}..., the shards hold "
+                            f"{data.sessions[:3]}...: day indices would not match")
+    free = ("train", "mesh")
+    saved = {k: v for k, v in state.config.items() if k not in free}
+    now = {k: v for k, v in cfg.to_dict().items() if k not in free}
+    if saved != now:
+        changed = sorted(k for k in now if saved.get(k) != now[k])
+        raise TrainingError(f"{path} was trained with different {changed} settings: resume with the same config")
+
+
+def resumed(run_dir: RunDir, layout: Layout, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            data: Dataset, cfg: Config) -> tuple[TrainState, Config]:
+    """`run_dir`'s last checkpoint loaded into `model` and `optimizer` once every check above
+    passes, and the config the run goes on with (`same_data_order`)."""
+    check_same_readers(run_dir, layout)
+    state = resume_state(run_dir.last, model, optimizer, data, cfg)
+    return state, same_data_order(run_dir.last, state.config, cfg)

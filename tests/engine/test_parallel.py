@@ -29,7 +29,8 @@ from b2t.engine.step import Stepper, seeded_model
 from b2t.model.decoder import GRUDecoder
 from b2t.model.registry import build_model
 from b2t.run_dir import RunDir
-from b2t.train.loop import TrainingError, check_same_readers, weights_digest
+from b2t.train.loop import TrainingError, weights_digest
+from b2t.train.resume import check_same_readers
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.writer import prepare_dataset
 from tests.engine import _parallel_probe as probe
