@@ -5,9 +5,9 @@
         every val_every: greedy PER on val (best.safetensors) ; every checkpoint_every: last
     -> compile accounting (fails the run past --max-compiles)
 
-`train` sets the run up (`Run`), warms it up (`warm_up`), steps it (`Run.step`) and
-after each step does what is due (`Run.log`, `Run.validate`, `Run.checkpoint`); `finish`
-writes the summary and checks the compile budget.
+`train` opens the dataset and sets the run up (`Run`), which it then drives: `Run.warm_up`,
+`Run.step`, after each step what is due (`Run.log_losses`, `Run.validate`, `Run.checkpoint`),
+and `Run.finish` (the summary and the compile budget) or `Run.stop` on a signal.
 
 Data-parallel runs (`b2t.engine.parallel`): on an SPMD mesh one process steps every device
 and nothing else changes; under torchrun every rank runs this loop on its share of the
@@ -106,7 +106,7 @@ class Run:
         self.model = model
         self.optimizer = optimizer
         self.state = state
-        self.progress = opts.progress
+        self.opts = opts
         self.stepper = Stepper(model, optimizer, backend, cfg, forward)
         self.log = MetricsLog(run_dir.metrics_of(layout.rank), tensorboard=layout.is_main,
                               resume_step=state.step if opts.resume else None)
@@ -186,60 +186,67 @@ class Run:
     def start_bar(self) -> None:
         """The training bar, from here: its rate and ETA count the steps after the warm-up only."""
         self.bar = progress_bar(total=self.cfg.train.steps, initial=self.state.step, unit="step", desc="training",
-                                disable=not (self.progress and self.layout.is_main))
+                                disable=not (self.opts.progress and self.layout.is_main))
 
+    def warm_up(self) -> CompileStats:
+        """Compile every bucket's train and eval graphs on all-padding batches, before the loop; each
+        piece's time is recorded, and an earlier attempt's records give the expected times."""
 
-def check_compiles(run: Run, opts: RunOptions, when: str) -> None:
-    """Fail the run once XLA has compiled more graphs than `opts.max_compiles`: checked before
-    each warm-up graph and at every log, so an over-budget run stops then, not at its end."""
-    n = run.backend.stats().compilations
-    if opts.max_compiles is not None and n > opts.max_compiles:
-        raise TrainingError(f"{n} XLA compilations exceed --max-compiles {opts.max_compiles} "
-                            f"for {len(run.data.buckets)} buckets {when}: see {run.run_dir.metrics} "
-                            "for when they happened")
+        def record(piece: Piece, graphs: int | None, seconds: float) -> None:
+            self.log.write(PIECE_RECORD, piece=str(piece), index=piece.index, of=piece.total, graphs=graphs,
+                           seconds=round(seconds, 3))
 
+        estimates = CompileEstimates.from_records(self.run_dir.records(self.layout.rank))
+        progress = WarmUpReport.for_backend(self.backend, estimates=estimates, record=record, enabled=self.layout.is_main,
+                                            bar=self.opts.progress)
 
-def warm_up(run: Run, opts: RunOptions) -> CompileStats:
-    """Compile every bucket's train and eval graphs on all-padding batches, before the loop; each
-    piece's time is recorded, and an earlier attempt's records give the expected times."""
+        def report(piece: Piece | None) -> None:
+            self.check_compiles(f"in the warm-up, before the {piece or 'loop'}")
+            self.phase = f"the warm-up's {piece}" if piece else "the warm-up"
+            progress(piece)
 
-    def record(piece: Piece, graphs: int | None, seconds: float) -> None:
-        run.log.write(PIECE_RECORD, piece=str(piece), index=piece.index, of=piece.total, graphs=graphs,
-                      seconds=round(seconds, 3))
+        self.clock.start("warm-up")
+        warmup.warm_up(self.stepper, self.data.buckets, report)
+        seconds, _ = progress.close(len(self.data.buckets))
+        self.clock.start(TRAINING)
+        warm = self.backend.stats()
+        self.log.write("compile", phase="warm-up", buckets=len(self.data.buckets), seconds=round(seconds, 3),
+                       **warm.to_dict(), donated=warm.donated, training_state=len(self.stepper.training_state()))
+        return warm
 
-    estimates = CompileEstimates.from_records(run.run_dir.records(run.layout.rank))
-    progress = WarmUpReport.for_backend(run.backend, estimates=estimates, record=record, enabled=run.layout.is_main,
-                                        bar=opts.progress)
+    def check_compiles(self, when: str) -> None:
+        """Fail the run once XLA has compiled more graphs than `--max-compiles`: checked before each
+        warm-up graph and at every log, so an over-budget run stops then, not at its end."""
+        n = self.backend.stats().compilations
+        if self.opts.max_compiles is not None and n > self.opts.max_compiles:
+            raise TrainingError(f"{n} XLA compilations exceed --max-compiles {self.opts.max_compiles} "
+                                f"for {len(self.data.buckets)} buckets {when}: see {self.run_dir.metrics} "
+                                "for when they happened")
 
-    def report(piece: Piece | None) -> None:
-        check_compiles(run, opts, f"in the warm-up, before the {piece or 'loop'}")
-        run.phase = f"the warm-up's {piece}" if piece else "the warm-up"
-        progress(piece)
+    def finish(self, warm: CompileStats) -> dict[str, Any]:
+        """The run's summary (logged; `b2t.train.summary` formats it), after checking the compile budget."""
+        if self.bar is not None:
+            self.bar.close()
+        final = self.backend.stats()
+        summary = {"steps": self.state.step, "best_per": self.state.best_per, "best_step": self.state.best_step,
+                   "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(self.data.buckets),
+                   "devices": self.layout.devices, "rank": self.layout.rank, "weights_sha256": weights_digest(self.model),
+                   "xla": self.backend.xla, "run_dir": str(self.run_dir.path), "dataset": str(self.data.root),
+                   "times": run_times(self.run_dir.records(self.layout.rank), self.log.elapsed())}
+        self.log.write("summary", **summary)
+        self.log.close()
+        self.check_compiles("by the end of the run")
+        return summary
 
-    run.clock.start("warm-up")
-    warmup.warm_up(run.stepper, run.data.buckets, report)
-    seconds, _ = progress.close(len(run.data.buckets))
-    run.clock.start(TRAINING)
-    warm = run.backend.stats()
-    run.log.write("compile", phase="warm-up", buckets=len(run.data.buckets), seconds=round(seconds, 3),
-                  **warm.to_dict(), donated=warm.donated, training_state=len(run.stepper.training_state()))
-    return warm
-
-
-def finish(run: Run, warm: CompileStats, opts: RunOptions) -> dict[str, Any]:
-    """The run's summary (logged; `b2t.train.summary` formats it), after checking the compile budget."""
-    if run.bar is not None:
-        run.bar.close()
-    final = run.backend.stats()
-    summary = {"steps": run.state.step, "best_per": run.state.best_per, "best_step": run.state.best_step,
-               "warm_up": warm.to_dict(), "final": final.to_dict(), "buckets": len(run.data.buckets),
-               "devices": run.layout.devices, "rank": run.layout.rank, "weights_sha256": weights_digest(run.model),
-               "xla": run.backend.xla, "run_dir": str(run.run_dir.path), "dataset": str(run.data.root),
-               "times": run_times(run.run_dir.records(run.layout.rank), run.log.elapsed())}
-    run.log.write("summary", **summary)
-    run.log.close()
-    check_compiles(run, opts, "by the end of the run")
-    return summary
+    def stop(self, signum: int) -> signals.Stopped:
+        """Keep the run at its current step (`last.safetensors`, unless just written) for a stop
+        by `signum`, and the exception that ends b2t-train saying so."""
+        if self.layout.is_main and not self.due(self.cfg.train.checkpoint_every):
+            self.checkpoint()
+        self.log.write("stopped", step=self.state.step, signal=signal.Signals(signum).name)
+        self.log.close()
+        self.bar.close()
+        return interruptions.stopped(signum, self.state.step, self.run_dir.last)
 
 
 def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOptions = RunOptions()) -> dict[str, Any]:
@@ -281,7 +288,7 @@ def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dic
         backend = make_backend(cfg.train.backend, opts.device or rank_device, mesh)
         run = Run(data, run_dir, cfg, opts, layout, backend)
         signals.describe_stop(lambda name: interruptions.warm_up_line(name, run.state.step))
-        warm = warm_up(run, opts) if run.state.step < cfg.train.steps else run.backend.stats()
+        warm = run.warm_up() if run.state.step < cfg.train.steps else run.backend.stats()
         stream = data.train_batches(run.stream_cfg, start=run.state.batches)
         if run.state.step < cfg.train.steps:
             with run.clock.apart("data start-up"):  # opening shards, filling the shuffle buffer: not a step's time
@@ -295,14 +302,14 @@ def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dic
             norm = run.step(stream)
             if run.due(cfg.train.log_every):
                 run.log_losses(norm)
-                check_compiles(run, opts, f"by step {run.state.step}")
+                run.check_compiles(f"by step {run.state.step}")
             if run.has_val and run.due(cfg.train.val_every):
                 run.validate()
             if layout.is_main and run.due(cfg.train.checkpoint_every):
                 run.checkpoint()
             if (signum := interruptions.agreed_signal(layout.kind == "ddp")) is not None:
-                raise stop(run, signum)
-        return finish(run, warm, opts)
+                raise run.stop(signum)
+        return run.finish(warm)
     except Exception as e:
         if interruptions.is_out_of_memory(e):
             where = run.phase if run is not None else "building the model and its optimizer"
@@ -311,14 +318,3 @@ def _train(data: Dataset, run_dir: RunDir, cfg: Config, opts: RunOptions) -> dic
     finally:
         if layout.kind == "ddp":
             close_ddp()
-
-
-def stop(run: Run, signum: int) -> signals.Stopped:
-    """Keep the run at its current step (`last.safetensors`, unless just written) for a stop
-    by `signum`, and the exception that ends b2t-train saying so."""
-    if run.layout.is_main and not run.due(run.cfg.train.checkpoint_every):
-        run.checkpoint()
-    run.log.write("stopped", step=run.state.step, signal=signal.Signals(signum).name)
-    run.log.close()
-    run.bar.close()
-    return interruptions.stopped(signum, run.state.step, run.run_dir.last)

@@ -39,7 +39,7 @@ def run_times(records: list[Mapping[str, Any]], elapsed: float) -> dict[str, Any
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
-    """The lines `b2t-train` ends with (see the module docstring), from `loop.finish`'s summary."""
+    """The lines `b2t-train` ends with (see the module docstring), from `Run.finish`'s summary."""
     run, dataset = RunDir(Path(summary["run_dir"])), Path(summary["dataset"])
     t = summary["times"]
     again = " (already finished: nothing to do)" if summary.get("already_finished") else ""

@@ -96,7 +96,7 @@ def test_a_finished_run_rerun_compiles_and_writes_nothing(runs, monkeypatch):
         raise AssertionError("a finished run must not build a backend or warm up")
 
     monkeypatch.setattr(loop, "make_backend", refuse)
-    monkeypatch.setattr(loop, "warm_up", refuse)
+    monkeypatch.setattr(loop.Run, "warm_up", refuse)
     again = _train(shards, resumed, 3, "--resume")
     assert "done: 3 steps (already finished: nothing to do)" in again
     assert (resumed / "metrics.jsonl").read_bytes() == before
