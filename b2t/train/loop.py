@@ -115,16 +115,16 @@ class Run:
         self.clock = StepClock()  # steps/s from stepping time only (b2t.train.rates)
         self.bar: tqdm | None = None  # the training bar, made after the warm-up so its rate and ETA hold steps only
         self.phase = "the warm-up"  # what runs now, for an out-of-memory message
-        self._start_log(init, opts.resume)
+        self._start_log(init)
 
-    def _start_log(self, init: InitReport | None, resumed: bool) -> None:
+    def _start_log(self, init: InitReport | None) -> None:
         """The run's first records (and lines): its device, where it starts from, its layout."""
         if self.layout.is_main:
             tqdm.write(describe(self.backend, self.cfg.train.compute_dtype, self.stepper.compute))
         if init is not None:  # loaded before the log exists: a checkpoint that does not fit leaves RUN_DIR empty
             self.log.write("init", source=str(init.source), kept=init.kept, new=init.new)
             tqdm.write(init.summary())
-        if resumed:
+        if self.opts.resume:
             self.log.write("resume", step=self.state.step, checkpoint=str(self.run_dir.last))
         self.log.write("layout", parallel=self.layout.kind, rank=self.layout.rank, world=self.layout.world,
                        devices=self.layout.devices, mesh=self.layout.mesh,
