@@ -257,14 +257,7 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
     plan = word_plan(ctx, p)
     if p["csv_path"] is not None and plan is None:
         raise click.UsageError("--csv needs words: pass --lexicon FILE or --cmudict (and --lm)")
-    out, csv_path, lexicon, lm, weights = p["out"], p["csv_path"], p["lexicon"], p["lm"], p["weights"]
-    written = [DECODED_NAME, TRIALS_NAME, SUMMARY_NAME, WEIGHTS_NAME]
-    refuse_clashes([*([Place("--csv", csv_path)] if csv_path else []),
-                    *([Place("--out", out, tree=True), *(Place("--out", out / n) for n in written)] if out else [])],
-                   [*(Place("CHECKPOINT", c) for c in checkpoints), Place("DATASET", dataset, tree=True),
-                    *([Place("--lexicon", lexicon)] if lexicon else []), *([Place("--lm", lm)] if lm else []),
-                    *([Place("--rescore", p["rescore"], tree=True)] if p["rescore"] else []),
-                    *([Place("--weights", weights)] if weights else [])])
+    refuse_output_clashes(p, checkpoints, dataset)
     ctx.with_resource(reading_dataset(dataset))  # no b2t-preprocess rewrites it meanwhile
     check_lm(p["lm"])
     scorer, load_s = load_scorer(plan, p)
@@ -304,6 +297,18 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
         rows = submission_rows(results, excluded, data.sessions)
         write_csv(p["csv_path"], rows)
         click.echo(f"wrote {p['csv_path']}: {len(rows)} rows")
+
+
+def refuse_output_clashes(p: dict[str, Any], checkpoints: list[Path], dataset: Path) -> None:
+    """Refuse, before anything is read, an --out or --csv that would write over an input."""
+    out, csv_path, lexicon, lm, weights = p["out"], p["csv_path"], p["lexicon"], p["lm"], p["weights"]
+    written = [DECODED_NAME, TRIALS_NAME, SUMMARY_NAME, WEIGHTS_NAME]
+    refuse_clashes([*([Place("--csv", csv_path)] if csv_path else []),
+                    *([Place("--out", out, tree=True), *(Place("--out", out / n) for n in written)] if out else [])],
+                   [*(Place("CHECKPOINT", c) for c in checkpoints), Place("DATASET", dataset, tree=True),
+                    *([Place("--lexicon", lexicon)] if lexicon else []), *([Place("--lm", lm)] if lm else []),
+                    *([Place("--rescore", p["rescore"], tree=True)] if p["rescore"] else []),
+                    *([Place("--weights", weights)] if weights else [])])
 
 
 def load_scorer(plan: WordPlan | None, p: dict[str, Any]) -> tuple[Any, float]:
