@@ -20,7 +20,8 @@ The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a consol
   lets it finish.)
 - While a command starts processes (`spawning()`), a signal waits for the block's end: one
   that arrived mid-start left a spawned child unknown to the parent, which then read its
-  start-up data from a closed pipe and printed a traceback.
+  start-up data from a closed pipe and printed a traceback; and a child started there has the
+  signals blocked until it ignores them.
 Child processes ignore both signals and are stopped by their parent: forked ones (the
 loader's workers) inherit the handler, which does nothing outside the process that
 installed it; spawned pools call `ignore_stop_signals` first.
@@ -35,6 +36,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing import resource_tracker
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -70,6 +72,7 @@ class _Policy:
         self.pending: int | None = None
         self.spawning = 0  # depth of `spawning()` blocks
         self.held: int | None = None  # a signal that arrived in one, acted on at its end
+        self.mask: set[signal.Signals] = set()  # the signal mask the outermost one restores
 
     def handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:  # a forked child: its parent stops it
@@ -190,19 +193,30 @@ def pending() -> int | None:
 def spawning() -> Iterator[None]:
     """A block that starts child processes: a signal arriving in it is acted on at its end, once
     every child it started is one `multiprocessing` knows (and a stop kills). A second signal
-    acts at once, as always."""
+    acts at once, as always.
+
+    The block's thread blocks the stop signals, so a child it starts has them blocked until its
+    `ignore_stop_signals`: Ctrl-C reaches the whole group, and a spawned child still importing
+    its modules printed a KeyboardInterrupt traceback (CPython's resource tracker is started so
+    too). The parent gets a signal that came meanwhile at the block's end, or, taken by another
+    of its threads, at once (then held as above)."""
     policy = _policy
     if policy is None or os.getpid() != policy.pid:
         yield
         return
+    if not policy.spawning:  # children inherit the mask: blocked from their first instruction
+        resource_tracker.ensure_running()  # its start unblocks both signals after it: not in the block
+        policy.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     policy.spawning += 1
     try:
         yield
     finally:
         policy.spawning -= 1
-        if not policy.spawning and policy.held is not None:
-            held, policy.held = policy.held, None
-            policy.handle(held, None)
+        if not policy.spawning:
+            signal.pthread_sigmask(signal.SIG_SETMASK, policy.mask)  # one that waited is handled now
+            if policy.held is not None:
+                held, policy.held = policy.held, None
+                policy.handle(held, None)
 
 
 def ignore_stop_signals() -> None:
@@ -210,3 +224,4 @@ def ignore_stop_signals() -> None:
     pool's initializer, since Ctrl-C reaches every process of the terminal's group."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # as `spawning()` started it: one that waited is dropped

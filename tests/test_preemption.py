@@ -229,6 +229,38 @@ def test_a_signal_while_workers_start_stops_once_they_are_known_and_kills_them(t
     assert not any(psutil.pid_exists(p) for p in workers)
 
 
+BOOTING_SCRIPT = textwrap.dedent("""
+    import multiprocessing, os, signal
+    from b2t import signals
+
+    def mask():
+        return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+    if __name__ == "__main__":
+        with signals.installed("probe"):
+            with signals.spawning():
+                child = multiprocessing.get_context("spawn").Process(target=mask)
+                child.start()
+                os.kill(child.pid, signal.SIGINT)  # Ctrl-C while it is still importing its modules
+                pool = multiprocessing.get_context("spawn").Pool(1, signals.ignore_stop_signals)
+            child.join(60)
+            print(child.exitcode, mask(), pool.apply(mask), flush=True)
+""")
+
+
+def test_a_child_started_while_spawning_never_sees_a_stop_signal(tmp_path):
+    """make test-all caught a Ctrl-C to b2t-preprocess --workers 2 printing a worker's
+    KeyboardInterrupt traceback: the group's signal reached the spawned child before its
+    `ignore_stop_signals` ran. A child started in `spawning()` starts with both signals blocked
+    (here one with no initializer, signalled at once, ends cleanly); a pool worker's initializer
+    ignores them and unblocks them, and the parent's mask is back as it was."""
+    (tmp_path / "booting.py").write_text(BOOTING_SCRIPT)
+    proc = subprocess.run([sys.executable, str(tmp_path / "booting.py")], capture_output=True, text=True, env=ENV,
+                          timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip().split(maxsplit=1) == ["0", "[] []"], (proc.stdout, proc.stderr)
+
+
 def test_06_sigterm_to_preprocess_stops_its_workers_and_keeps_whole_shards(tiny_dataset, tmp_path):
     """The parent exited silently; its two workers (750 MB each) and the resource tracker stayed,
     blocked, after moving more shards into OUT."""
