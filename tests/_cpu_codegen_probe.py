@@ -1,7 +1,8 @@
 """One training step of configs/tiny.yaml on the XLA device, for tests/test_cpu_codegen.py.
 
-`step` gives the step's loss and gradient norm as exact floats and writes the weights after
-the AdamW update to an .npz; run as a module it prints the floats as one JSON line. The test
+`step` gives the step's loss, gradient norm and largest learning rate as exact floats and
+writes the weights after the AdamW update to an .npz; run as a module it prints the floats as
+one JSON line. The test
 runs it in its own process (the suite's emitters) and in a subprocess with the default ones:
 XLA_FLAGS is read when torch_xla starts its client.
 
@@ -33,7 +34,7 @@ def step(shards: Path, weights: Path) -> dict[str, str]:
     shortest = next(b for b in train_batches(shards, manifest, StreamConfig()) if b.bucket == 0)  # the shortest T
     loss, norm = stepper.train_step([shortest], 1)
     np.savez(weights, **{k: host_copy(v).float().numpy() for k, v in model.state_dict().items()})
-    return {"loss": float(loss.cpu()).hex(), "grad_norm": float(norm.cpu()).hex()}
+    return {"loss": float(loss.cpu()).hex(), "grad_norm": float(norm.cpu()).hex(), "lr": max(stepper.lrs.values()).hex()}
 
 
 if __name__ == "__main__":

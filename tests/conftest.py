@@ -9,8 +9,8 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 CPU_CODEGEN_FLAG = "--xla_cpu_use_fusion_emitters=false"
 """XLA CPU's older loop emitters for fusions: the suite compiles about a hundred graphs and runs
 each a few times, and these compile the tiny train step in about half the time (4 graphs: 29 s
--> 17 s of CompileTime) to the same loss and gradient norm bit for bit and the same updated
-weights to one rounding (tests/test_cpu_codegen.py checks that).
+-> 17 s of CompileTime) to the same step up to where the bf16 arithmetic rounds
+(tests/test_cpu_codegen.py says how far and checks it).
 Set before torch_xla starts its client; the subprocesses tests spawn inherit it."""
 if CPU_CODEGEN_FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_CODEGEN_FLAG}".strip()
