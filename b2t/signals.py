@@ -72,7 +72,6 @@ class _Policy:
         self.pending: int | None = None
         self.spawning = 0  # depth of `spawning()` blocks
         self.held: int | None = None  # a signal that arrived in one, acted on at its end
-        self.mask: set[signal.Signals] = set()  # the signal mask the outermost one restores
 
     def handle(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:  # a forked child: its parent stops it
@@ -204,16 +203,17 @@ def spawning() -> Iterator[None]:
     if policy is None or os.getpid() != policy.pid:
         yield
         return
-    if not policy.spawning:  # children inherit the mask: blocked from their first instruction
+    outermost = not policy.spawning
+    if outermost:  # children inherit the mask: blocked from their first instruction
         resource_tracker.ensure_running()  # its start unblocks both signals after it: not in the block
-        policy.mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     policy.spawning += 1
     try:
         yield
     finally:
         policy.spawning -= 1
-        if not policy.spawning:
-            signal.pthread_sigmask(signal.SIG_SETMASK, policy.mask)  # one that waited is handled now
+        if outermost:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that waited is handled now
             if policy.held is not None:
                 held, policy.held = policy.held, None
                 policy.handle(held, None)

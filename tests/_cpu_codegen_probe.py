@@ -2,9 +2,8 @@
 
 `step` gives the step's loss, gradient norm and largest learning rate as exact floats and
 writes the weights after the AdamW update to an .npz; run as a module it prints the floats as
-one JSON line. The test
-runs it in its own process (the suite's emitters) and in a subprocess with the default ones:
-XLA_FLAGS is read when torch_xla starts its client.
+one JSON line. The test runs it in its own process (the suite's emitters) and in a subprocess
+with the default ones: XLA_FLAGS is read when torch_xla starts its client.
 
     python -m tests._cpu_codegen_probe SHARDS WEIGHTS.npz
 """
