@@ -14,6 +14,7 @@ import contextlib
 import functools
 import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -131,19 +132,6 @@ def _decode_in_worker(item: Any) -> str | list[Hypothesis]:
     return _worker_decode(item)
 
 
-def _stop_pool(pool: multiprocessing.pool.Pool, *, failed: bool) -> None:
-    """The workers ignore SIGTERM (b2t.signals), which `Pool.terminate` sends to stop them, so a
-    terminate could wait on them forever: a finished pool is closed and joined (each worker
-    takes its end-of-work sentinel); one an error or a stop leaves is killed first."""
-    if failed:
-        for worker in multiprocessing.active_children():
-            worker.kill()
-        pool.terminate()
-    else:
-        pool.close()
-        pool.join()
-
-
 def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers: int = 1,
                  progress: bool = True) -> list[TrialResult]:
     """`results` with `decoded_words` (and, from the beam, `nbest`) filled in, same order;
@@ -158,11 +146,12 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
     with contextlib.ExitStack() as stack:
         if workers <= 1:
             decoded = map(recipe.decode_fn(), items)
-        else:
-            with spawning():  # a signal mid-start would leave a child reading a closed pipe
-                pool = multiprocessing.get_context("spawn").Pool(workers, _init_worker, (recipe,))
-            stack.push(lambda kind, *_: _stop_pool(pool, failed=kind is not None))
-            decoded = pool.imap(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
+        else:  # an executor, not a multiprocessing.Pool: a Pool replaces a worker a stop kills (b2t.signals)
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_init_worker, initargs=(recipe,))
+            stack.push(lambda kind, *_: pool.shutdown(cancel_futures=kind is not None))
+            with spawning():  # a submit may start a worker: a signal mid-start would leave it reading a closed pipe
+                decoded = pool.map(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
         bar = progress_bar(decoded, total=len(items), unit="trial", desc="decoding words", disable=not progress)
         # the bar leads the zip: its last step is counted before the zip stops
         return [replace(r, decoded_words=d) if isinstance(d, str) else replace(r, nbest=tuple(d), decoded_words=d[0].words)

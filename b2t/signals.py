@@ -24,7 +24,9 @@ The one policy, installed by every b2t command (`b2t.cli.rule.Command`; a consol
   signals blocked until it ignores them.
 Child processes ignore both signals and are stopped by their parent: forked ones (the
 loader's workers) inherit the handler, which does nothing outside the process that
-installed it; spawned pools call `ignore_stop_signals` first.
+installed it; spawned pools call `ignore_stop_signals` first. Pools are `concurrent.futures`
+executors, which leave a killed worker dead: a `multiprocessing.Pool` starts a replacement,
+which a stop's exit left reading its start-up data from a closed pipe (an EOFError traceback).
 """
 
 from __future__ import annotations

@@ -161,14 +161,17 @@ def test_a_signal_while_a_finished_command_exits_leaves_its_exit_code(threads):
 
 POLICY_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal, sys, time
+    from concurrent.futures import ProcessPoolExecutor
     from b2t import signals
 
     if __name__ == "__main__":
         with signals.installed("probe"):
             signals.describe_stop(lambda name: f"stopped by {name} in the test")
             signals.on_stop(lambda: print("cleaned up", flush=True))
-            pool = multiprocessing.get_context("spawn").Pool(2, signals.ignore_stop_signals)
-            pool.map(abs, range(4))  # the workers are up
+            pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=signals.ignore_stop_signals)
+            with signals.spawning():  # each submit may start a worker
+                list(pool.map(abs, range(4)))  # both are up
             print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
             signals.defer()
             os.kill(os.getpid(), signal.SIGTERM)
@@ -200,6 +203,7 @@ def test_a_second_signal_stops_at_once_and_kills_the_workers(tmp_path, second):
 
 SPAWN_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal
+    from concurrent.futures import ProcessPoolExecutor
     from b2t import signals
 
     if __name__ == "__main__":
@@ -207,7 +211,9 @@ SPAWN_SCRIPT = textwrap.dedent("""
             signals.describe_stop(lambda name: f"stopped by {name} in the test")
             with signals.spawning():
                 os.kill(os.getpid(), signal.SIGTERM)  # as if it came while a worker was starting
-                pool = multiprocessing.get_context("spawn").Pool(2, signals.ignore_stop_signals)
+                pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=signals.ignore_stop_signals)
+                list(pool.map(abs, range(4)))  # each submit may start a worker
                 print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
             print("not reached", flush=True)
 """)
@@ -231,6 +237,7 @@ def test_a_signal_while_workers_start_stops_once_they_are_known_and_kills_them(t
 
 BOOTING_SCRIPT = textwrap.dedent("""
     import multiprocessing, os, signal
+    from concurrent.futures import ProcessPoolExecutor
     from b2t import signals
 
     def mask():
@@ -238,13 +245,15 @@ BOOTING_SCRIPT = textwrap.dedent("""
 
     if __name__ == "__main__":
         with signals.installed("probe"):
-            with signals.spawning():
-                child = multiprocessing.get_context("spawn").Process(target=mask)
-                child.start()
-                os.kill(child.pid, signal.SIGINT)  # Ctrl-C while it is still importing its modules
-                pool = multiprocessing.get_context("spawn").Pool(1, signals.ignore_stop_signals)
-            child.join(60)
-            print(child.exitcode, mask(), pool.apply(mask), flush=True)
+            spawn = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(1, mp_context=spawn, initializer=signals.ignore_stop_signals) as pool:
+                with signals.spawning():
+                    child = spawn.Process(target=mask)
+                    child.start()
+                    os.kill(child.pid, signal.SIGINT)  # Ctrl-C while it is still importing its modules
+                    in_worker = pool.submit(mask)  # starts the worker
+                child.join(60)
+                print(child.exitcode, mask(), in_worker.result(), flush=True)
 """)
 
 
