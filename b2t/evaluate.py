@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +31,6 @@ from b2t.engine.step import make_stepper
 from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
 from b2t.progress import progress_bar
-from b2t.signals import ignore_stop_signals, spawning
 from b2t.text import normalize_text, words_of
 from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
@@ -41,6 +38,7 @@ from b2t.words.beam import BeamOptions, WordDecoder
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
 from b2t.words.nbest import Hypothesis, Weights, best
 from b2t.words.tune import ALPHA, Grid, NBestTable, TuneResult, tune
+from b2t.workers import run_jobs, worker_pool
 
 if TYPE_CHECKING:
     from b2t.words.rescore import CausalLMScorer
@@ -122,7 +120,6 @@ _worker_decode: Callable[[Any], str | list[Hypothesis]] | None = None  # set in 
 
 def _init_worker(recipe: WordRecipe) -> None:
     global _worker_decode
-    ignore_stop_signals()  # Ctrl-C reaches every worker; the parent stops them (b2t.signals)
     torch.set_num_threads(1)  # workers share the cores; the search is single-threaded C++
     _worker_decode = recipe.decode_fn()
 
@@ -138,24 +135,18 @@ def decode_words(results: Sequence[TrialResult], recipe: WordRecipe, *, workers:
     `workers` > 1 decodes in that many processes.
 
     Beam search needs results decoded with `log_probs=True`; spelling needs only the greedy ids.
-    Workers are spawned, not forked: the parent may hold an initialised XLA runtime.
     """
     if not recipe.spell and any(r.log_probs is None for r in results):
         raise ValueError("beam search needs each trial's log-probabilities: decode with log_probs=True")
     items = [r.decoded_phonemes if recipe.spell else r.log_probs for r in results]
-    with contextlib.ExitStack() as stack:
-        if workers <= 1:
-            decoded = map(recipe.decode_fn(), items)
-        else:  # an executor, not a multiprocessing.Pool: a Pool replaces a worker a stop kills (b2t.signals)
-            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_init_worker, initargs=(recipe,))
-            stack.push(lambda kind, *_: pool.shutdown(cancel_futures=kind is not None))
-            with spawning():  # a submit may start a worker: a signal mid-start would leave it reading a closed pipe
-                decoded = pool.map(_decode_in_worker, items, chunksize=max(1, min(16, len(items) // (4 * workers))))
-        bar = progress_bar(decoded, total=len(items), unit="trial", desc="decoding words", disable=not progress)
-        # the bar leads the zip: its last step is counted before the zip stops
-        return [replace(r, decoded_words=d) if isinstance(d, str) else replace(r, nbest=tuple(d), decoded_words=d[0].words)
-                for d, r in zip(bar, results)]
+    decoded: list[str | list[Hypothesis]] = [""] * len(items)
+    with worker_pool(workers, _init_worker, (recipe,)) if workers > 1 else contextlib.nullcontext() as pool:
+        fn = _decode_in_worker if pool else recipe.decode_fn()
+        for i, d in progress_bar(run_jobs(pool, fn, items), total=len(items), unit="trial", desc="decoding words",
+                                 disable=not progress):
+            decoded[i] = d
+    return [replace(r, decoded_words=d) if isinstance(d, str) else replace(r, nbest=tuple(d), decoded_words=d[0].words)
+            for d, r in zip(decoded, results)]
 
 
 def rescore(results: Sequence[TrialResult], scorer: CausalLMScorer, *, progress: bool = True) -> list[TrialResult]:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from b2t.data.sample import encode_sample
 from b2t.errors import B2tError
 from b2t.progress import progress_bar
 from b2t.run_lock import DATASET_LOCK, exclusive
+from b2t.workers import run_jobs, worker_pool
 from preprocess.batching import BatchPlan, Layout, plan_layout
 from preprocess.hdf5_source import (
     discover_sessions,
@@ -176,25 +176,6 @@ def _write_shard(task: ShardTask, buckets: Sequence[BucketShape], out: Path, fil
                                         batch_meta(plan, index, files)))
     return ShardEntry(name=task.name, split=task.split, epoch=task.epoch, n_batches=len(task.plans),
                       n_trials=task.n_trials, bytes=hashing.bytes, sha256=hashing.sha.hexdigest())
-
-
-# --- running jobs in workers ---------------------------------------------------------
-
-def run_jobs(executor: Executor | None, fn: Callable[..., Any], jobs: Sequence[Any],
-             *args: Any) -> Iterator[tuple[int, Any]]:
-    """(job index, fn(job, *args)) as each finishes; in this process when `executor` is None."""
-    if executor is None:
-        for i, job in enumerate(jobs):
-            yield i, fn(job, *args)
-        return
-    with signals.spawning():  # a submit may start a worker
-        futures = {executor.submit(fn, job, *args): i for i, job in enumerate(jobs)}
-    try:
-        for future in as_completed(futures):
-            yield futures[future], future.result()
-    finally:
-        for future in futures:
-            future.cancel()
 
 
 # --- scanning the sources ------------------------------------------------------------
@@ -346,8 +327,7 @@ def prepare_dataset(src: Path, out: Path, config: Config, *, splits: Sequence[st
     """Scan SRC, plan the batches and write (or finish) the shards and manifest in OUT."""
     splits = [s for s in SPLITS if s in splits]
     out.mkdir(parents=True, exist_ok=True)
-    pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                initializer=signals.ignore_stop_signals) if workers > 1 else nullcontext())
+    pool = worker_pool(workers) if workers > 1 else nullcontext()
     signals.on_stop(lambda: remove_stale_temps(out))  # a stop kills the workers: their shard temps go too
     signals.describe_stop(lambda name: f"stopped by {name} before any shard was written")
     with exclusive(out, LOCK_NAME, "b2t-preprocess", refused=OutputDirError), pool as executor:

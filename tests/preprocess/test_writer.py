@@ -22,11 +22,12 @@ from b2t.config import Config, DataConfig, ModelConfig
 from b2t.contract import FIELDS
 from b2t.data.manifest import MANIFEST_NAME, Manifest
 from b2t.data.sample import decode_sample
+from b2t.workers import run_jobs
 from preprocess import writer
 from preprocess.synth import SynthSpec, write_dataset
 from preprocess.trials import DataError
 from preprocess.verify import batch_problems, verify
-from preprocess.writer import LOCK_NAME, STATE_NAME, OutputDirError, one_torch_thread, prepare_dataset, run_jobs
+from preprocess.writer import LOCK_NAME, STATE_NAME, OutputDirError, one_torch_thread, prepare_dataset
 
 CONFIG = Config(
     data=DataConfig(n_buckets=3, batch_size=8, token_budget=2048, row_multiple=2, label_multiple=8,
