@@ -19,6 +19,7 @@ already there is not compiled again: the tables share cases, and an interrupted 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import click
 REPO = Path(__file__).resolve().parents[1]
 LONGEST = "2498,64,88"  # the competition's longest bucket (b2t.plan.memory.COMPETITION_BUCKETS)
 MESHES_8 = ("data=8", "fsdp=8", "data=2,fsdp=4")
+DAYS = 45  # the competition's sessions: one day layer each
 
 
 RESULTS: Path | None = None
@@ -55,7 +57,7 @@ def main(results: Path) -> None:
 @click.option("--shape", default=LONGEST, help="T,B,L")
 @click.option("--kinds", default="train")
 @click.option("--set", "overrides", multiple=True)
-@click.option("--days", default=45)
+@click.option("--days", default=DAYS)
 @click.option("--backend", default="", help="openxla or xla (default: the config's train.backend)")
 def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides: tuple[str, ...], days: int,
          backend: str) -> None:
@@ -89,6 +91,7 @@ def case(config: str, target: str, mesh: str, shape: str, kinds: str, overrides:
                 "parts": [{"part": g.part, **({**p.memory.__dict__, "total": p.memory.total} if p.memory else {}),
                            "compile_s": p.seconds} for g, p in r.parts],
                 "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+                "fingerprint": fingerprint([g for g, _ in r.parts] or [r.graph]),
             }), flush=True)
 
 
@@ -151,29 +154,86 @@ GUARD_TOLERANCE = 0.05
 """How far the guarded step's per-chip total may exceed the figure docs/tpu.md states."""
 
 
-def guarded_figure(doc: Path = GUARD_DOC) -> float:
-    """The GiB per chip docs/tpu.md promises for the guarded step (its 'Guarded figure' line)."""
-    m = re.search(r"Guarded figure[^\n]*?: \*\*([\d.]+) GiB per chip\*\*", doc.read_text())
+GUARD_LINE = re.compile(r"(Guarded figure[^\n]*?: )\*\*([\d.]+) GiB per chip\*\*, graph `([0-9a-f]{12})`")
+
+
+def guarded(doc: Path = GUARD_DOC) -> tuple[float, str]:
+    """The GiB per chip docs/tpu.md promises for the guarded step, and the fingerprint of the
+    graph it was measured on (its 'Guarded figure' line)."""
+    m = GUARD_LINE.search(doc.read_text())
     if m is None:
-        raise click.ClickException(f"{doc} states no 'Guarded figure ...: **N GiB per chip**' line")
-    return float(m.group(1))
+        raise click.ClickException(f"{doc} states no 'Guarded figure ...: **N GiB per chip**, graph `F`' line")
+    return float(m.group(2)), m.group(3)
+
+
+def fingerprint(graphs: list) -> str:
+    """What decides a step's TPU figures, as 12 hex digits: each module's traced HLO (which holds
+    no source lines: moving code leaves it), what the module donates, is handed and keeps beside
+    it, and the TPU compiler's version. The same fingerprint, the same compiler figures."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        libtpu = version("libtpu")
+    except PackageNotFoundError:
+        libtpu = "none"
+    h = hashlib.sha256(libtpu.encode())
+    for g in graphs:
+        h.update(json.dumps([g.part, g.kind, g.rows, g.donors, g.inputs_from, g.resident]).encode())
+        h.update(hashlib.sha256(g.hlo).digest())
+    return h.hexdigest()[:12]
+
+
+@main.command("fingerprint")
+def fingerprint_command() -> None:
+    """Trace the guarded step (no compile: half a minute) and fail when its graph is not the one
+    docs/tpu.md's figure was measured on: `make test`'s tripwire for the slow `guard`."""
+    from b2t.config import load_config
+    from b2t.contract import BucketShape
+    from b2t.engine.mesh import parse_devices
+    from b2t.plan.capture import prepare_process, trace, trace_backend
+
+    _, measured = guarded()
+    args = dict(zip(GUARD_CASE[::2], GUARD_CASE[1::2]))
+    mesh_cfg = parse_devices(None, args["--mesh"])
+    cfg = load_config(REPO / args["--config"], (f"mesh.data={mesh_cfg.data}", f"mesh.fsdp={mesh_cfg.fsdp}"))
+    T, B, L = (int(x) for x in args["--shape"].split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        prepare_process(mesh_cfg.data * mesh_cfg.fsdp, Path(tmp))
+        now = fingerprint(trace(cfg, DAYS, trace_backend(mesh_cfg, cfg.train.backend), "train",
+                                BucketShape(T=T, B=B, L=L), Path(tmp)))
+    if now != measured:
+        raise click.ClickException(
+            f"the guarded 687M step's graph is {now}, docs/tpu.md's figure was measured on {measured}: run "
+            "`python tools/tpu_figures.py guard --update` (3 minutes of the TPU compiler) and commit the figure it states")
+    click.echo(f"guarded step's graph: {now}, as docs/tpu.md's figure: ok")
 
 
 @main.command()
-def guard() -> None:
+@click.option("--update", is_flag=True, help="State the figure and graph measured now in docs/tpu.md.")
+def guard(update: bool) -> None:
     """Compile the 687M model's train step (data=8, B=64, T=2498, the config's backend and mesh) in
-    a fresh process and fail when its per-chip total exceeds docs/tpu.md's figure by more than 5%."""
-    promised = guarded_figure()
+    a fresh process and fail when its per-chip total exceeds docs/tpu.md's figure by more than 5%,
+    or its graph is not the one the figure was measured on; `--update` states the new figure."""
+    promised, measured = guarded()
     global RESULTS
     RESULTS = None  # always compiled again: the guard is about the code as it is now
     rows = _run(*GUARD_CASE)
     if not rows:
         raise click.ClickException("the guarded case did not compile (see above)")
-    total = _compiler_total(rows[0]) / 1024**3
-    verdict = f"guarded step: {total:.2f} GiB per chip, docs/tpu.md states {promised:.2f} (limit +{GUARD_TOLERANCE:.0%})"
-    if total > promised * (1 + GUARD_TOLERANCE):
+    total, graph = _compiler_total(rows[0]) / 1024**3, rows[0]["fingerprint"]
+    verdict = (f"guarded step: {total:.2f} GiB per chip, graph {graph}; docs/tpu.md states {promised:.2f}, graph "
+               f"{measured} (limit +{GUARD_TOLERANCE:.0%})")
+    if update:
+        text = GUARD_DOC.read_text()
+        GUARD_DOC.write_text(GUARD_LINE.sub(lambda m: f"{m.group(1)}**{total:.2f} GiB per chip**, graph `{graph}`", text))
+        click.echo(f"{verdict}: docs/tpu.md now states {total:.2f}, graph {graph}; its tables of the 687M step "
+                   "were measured on the old graph: re-measure those that moved")
+    elif total > promised * (1 + GUARD_TOLERANCE):
         raise click.ClickException(f"{verdict}: it grew; find the change, or re-measure and update docs/tpu.md")
-    click.echo(f"{verdict}: ok")
+    elif graph != measured:
+        raise click.ClickException(f"{verdict}: the graph changed; state it with --update")
+    else:
+        click.echo(f"{verdict}: ok")
 
 
 @main.command()

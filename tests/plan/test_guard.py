@@ -1,6 +1,8 @@
 """The figure users rent TPUs on: the 687M model's train step at B=64, T=2498 on a v5e-8 with
 `data=8` (the config's mesh), compiled by the TPU compiler, may not grow past docs/tpu.md's figure by more
-than 5% without someone noticing (it grew by 2.1 GiB per chip unannounced once)."""
+than 5% without someone noticing (it grew by 2.1 GiB per chip unannounced once), nor move at all
+without the figure being measured again: the compile is slow (make test-all), its graph's
+fingerprint is not (make test)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_the_guarded_figure_is_stated_once_in_the_tpu_doc():
     sys.path.insert(0, str(REPO))
-    from tools.tpu_figures import GUARD_DOC, guarded_figure
+    from tools.tpu_figures import GUARD_DOC, guarded
 
-    assert 4 < guarded_figure() < 16, "a per-chip figure in GiB of a 16 GiB chip"
-    assert GUARD_DOC.read_text().count("Guarded figure") == 1
+    figure, graph = guarded()
+    assert 4 < figure < 16, "a per-chip figure in GiB of a 16 GiB chip"
+    assert GUARD_DOC.read_text().count("Guarded figure") == 1 and len(graph) == 12
+
+
+def test_the_guarded_step_is_still_the_graph_its_figure_was_measured_on():
+    """A change that moves the 687M step's graph (or libtpu's version, or what the step donates)
+    fails here until `tools/tpu_figures.py guard --update` has measured the figure again. It has
+    failed for an off-by-one edit of the augmentation's length mask; moving code does not."""
+    out = subprocess.run([sys.executable, str(REPO / "tools/tpu_figures.py"), "fingerprint"], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0 and "as docs/tpu.md's figure: ok" in out.stdout, out.stderr[-1500:]
 
 
 @pytest.mark.slow  # minutes of the TPU compiler and ~6 GiB of host memory; twin: the test above
