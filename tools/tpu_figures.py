@@ -167,10 +167,12 @@ def guarded(doc: Path = GUARD_DOC) -> tuple[float, str]:
 
 
 def fingerprint(graphs: list) -> str:
-    """What decides a step's TPU figures, as 12 hex digits: each module's traced HLO (which holds
-    no source lines: moving code leaves it), what the module donates, is handed and keeps beside
-    it, and the TPU compiler's version. The same fingerprint, the same compiler figures."""
+    """What decides a step's TPU figures, as 12 hex digits: each module's traced HLO without its
+    ops' metadata (source files: the install's path), what the module donates, is handed and keeps
+    beside it, and the TPU compiler's version. The same fingerprint, the same compiler figures."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from b2t.plan.capture import without_metadata
 
     try:
         libtpu = version("libtpu")
@@ -179,7 +181,7 @@ def fingerprint(graphs: list) -> str:
     h = hashlib.sha256(libtpu.encode())
     for g in graphs:
         h.update(json.dumps([g.part, g.kind, g.rows, g.donors, g.inputs_from, g.resident]).encode())
-        h.update(hashlib.sha256(g.hlo).digest())
+        h.update(hashlib.sha256(without_metadata(g.hlo)).digest())
     return h.hexdigest()[:12]
 
 

@@ -28,6 +28,7 @@ Shape legend: B rows, T bins, L label slots of a bucket.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -301,19 +302,46 @@ def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None, back
 
 
 def hlo_module(dump: bytes) -> bytes:
-    """The HloModuleProto inside a dumped `xla.HloProto` (its field 1), read with protobuf's
-    own wire parser through a one-field message, since no XLA proto classes ship with jax."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    file = descriptor_pb2.FileDescriptorProto(name="b2t_hlo_proto.proto", package="b2t")
-    message = file.message_type.add(name="HloProto")
-    message.field.add(name="hlo_module", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
-                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    proto = message_factory.GetMessageClass(pool.FindMessageTypeByName("b2t.HloProto"))()
+    """The HloModuleProto inside a dumped `xla.HloProto` (its field 1)."""
+    proto = _xla_messages()["HloProto"]()
     proto.ParseFromString(dump)
     return proto.hlo_module
+
+
+def without_metadata(module: bytes) -> bytes:
+    """A serialized HloModuleProto with each instruction's OpMetadata (field 7) cleared: the ops
+    lowered through jax name their source files there, so the same graph read differently from
+    another install path. The compiler does not read it; everything else is kept as it was."""
+    proto = _xla_messages()["HloModule"]()
+    proto.ParseFromString(module)
+    for computation in proto.computations:
+        for instruction in computation.instructions:
+            instruction.ClearField("metadata")
+    return proto.SerializeToString(deterministic=True)
+
+
+@functools.cache
+def _xla_messages() -> dict[str, type]:
+    """The few fields of XLA's protos b2t reads, by their numbers in xla/service/hlo.proto, for
+    protobuf's own wire parser (no XLA proto classes ship with jax); the others stay unknown
+    fields, kept as they were when a message is written again."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    layout = {"HloProto": [("hlo_module", 1, None, False)],
+              "HloModule": [("computations", 3, "HloComputation", True)],
+              "HloComputation": [("instructions", 2, "HloInstruction", True)],
+              "HloInstruction": [("metadata", 7, None, False)]}
+    file = descriptor_pb2.FileDescriptorProto(name="b2t_hlo_proto.proto", package="b2t")
+    for name, fields in layout.items():
+        message = file.message_type.add(name=name)
+        for fname, number, kind, repeated in fields:
+            message.field.add(name=fname, number=number, type=field.TYPE_MESSAGE if kind else field.TYPE_BYTES,
+                              type_name=f".b2t.{kind}" if kind else None,
+                              label=field.LABEL_REPEATED if repeated else field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"b2t.{name}")) for name in layout}
 
 
 def trace_backend(mesh_cfg: MeshConfig | None, name: str = "xla") -> TraceBackend:
