@@ -96,18 +96,18 @@ def _nll(log_probs: torch.Tensor, reference: list[int]) -> float:
 
 
 def evaluate_checkpoints(checkpoints: Sequence[Path], data: Dataset, split: str, *, backend: str | None,
-                         device: str | None, log_probs: bool,
-                         progress: bool = True) -> tuple[list[TrialResult], list[Member]]:
+                         device: str | None, log_probs: bool, progress: bool = True,
+                         compile_jobs: int | None = None) -> tuple[list[TrialResult], list[Member]]:
     """The split's trials decoded by one checkpoint, or by the ensemble of several, and each member's run.
 
     log_probs: keep each trial's log-probabilities (for the word beam); an ensemble always
-    computes them, and drops them again unless asked.
+    computes them, and drops them again unless asked. compile_jobs: `Evaluator`'s.
     """
     check_members(checkpoints)
     ensemble = len(checkpoints) > 1
     runs, members = [], []
     for path in checkpoints:
-        evaluator = Evaluator(path, backend, device)
+        evaluator = Evaluator(path, backend, device, compile_jobs=compile_jobs)
         results, compiles = evaluator.run(data, split, log_probs=log_probs or ensemble, progress=progress)
         members.append(Member(path, evaluator.backend.name, compiles, summarize(results)))
         runs.append(results)

@@ -27,6 +27,7 @@ from b2t.decoding import TrialResult, decode_batches
 from b2t.engine.backend import CompileStats, make_backend
 from b2t.engine.checkpoint import trained_config
 from b2t.engine.checkpoint_checks import CheckpointError
+from b2t.engine.concurrent_compiles import default_jobs
 from b2t.engine.step import make_stepper
 from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
@@ -201,9 +202,12 @@ class Evaluator:
     dataset is only accepted if it numbers its sessions (day indices) the same way.
     """
 
-    def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None) -> None:
-        """backend: how to compile (default: the one the checkpoint was trained with)."""
+    def __init__(self, checkpoint: str | Path, backend: str | None = None, device: str | None = None, *,
+                 compile_jobs: int | None = None) -> None:
+        """backend: how to compile (default: the one the checkpoint was trained with); compile_jobs:
+        openxla's eval graphs compiled at once in the warm-up (default: half the cores; 0: in turn)."""
         self.path = Path(checkpoint)
+        self.compile_jobs = default_jobs() if compile_jobs is None else compile_jobs
         self.state, self.cfg = trained_config(self.path)  # the header alone; make_stepper reads the tensors
         self.backend = backend = make_backend(backend or self.cfg.train.backend, device)
         # never stepped: the Stepper's eval graphs are the ones training validates with
@@ -229,7 +233,7 @@ class Evaluator:
         """Compile each bucket's eval graph before any real batch (`b2t.train.warmup.warm_up`, the
         recipe training uses too)."""
         report = WarmUpReport.for_backend(self.backend, bar=progress)
-        warm_up(self.stepper, buckets, report, log_probs=log_probs)
+        warm_up(self.stepper, buckets, report, log_probs=log_probs, jobs=self.compile_jobs)
         report.close(len(buckets))
 
     def run(self, data: Dataset, split: str, *, log_probs: bool = False,

@@ -44,12 +44,27 @@ given the mesh and spec as text so dynamo traces it, b2t.engine.mesh); `is_place
 b2t.plan.capture);
 `push_xla_scope` (`torch_xla._XLAC.profiler.scope_pusher`: op-name scopes in the HLO metadata,
 tools/hlo_parts).
+
+`bridge_compiles_handed_off`: torch_xla's dynamo bridge compiles each graph at its first call
+(`_xla_warm_up_cache` of the tensors it traced, in the calling thread) and runs it at once
+(`_run_cached_graph`). Inside this context each of those compiles is handed to a job, and each
+run returns stand-ins of the graph's outputs, so a warm-up traces every bucket's graphs while
+earlier ones compile (b2t.engine.concurrent_compiles). The bridge goes on only once the job has
+read its graph: right after the job returns, the bridge clears every pending graph of the
+device (`_clear_pending_irs`), which would cut a graph not yet read short. The job has read it
+when it looks the graph up in the compilation cache (torch_xla's `UncachedCompile` or
+`CachedCompile` counter moves). Private names (torch_xla 2.9): `torch_xla._XLAC._xla_warm_up_cache`,
+`_run_cached_graph`, `_get_graph_hash`, `_check_tensor_need_materialization`,
+`_get_xla_enable_device_data_cache`, `_set_xla_enable_device_data_cache`, and
+`drop_pending_graphs`' `_clear_pending_irs`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -288,3 +303,74 @@ def has_pending_graph(t: torch.Tensor) -> bool:
     info = torch_xla._XLAC._get_xla_tensor_debug_info(t)
     ir = next((line for line in info.splitlines() if line.startswith("IR:")), "IR: None")
     return ir != "IR: None" and "xla::device_data" not in ir
+
+
+def _cache_lookups() -> int:
+    """How many graphs torch_xla has looked up in its compilation cache so far (hit or miss)."""
+    return sum(_counter(name) for name in ("UncachedCompile", "CachedCompile"))
+
+
+@contextlib.contextmanager
+def bridge_compiles_handed_off(start: Callable[[Callable[[], None]], Future], *,
+                               real_outputs: bool) -> Iterator[list[tuple[Future, bool]]]:
+    """Inside, every graph torch_xla's dynamo bridge would compile is handed to `start` as a job
+    (the bridge's own compile of it, `_xla_warm_up_cache`), and every run of such a graph returns
+    stand-ins of its outputs instead of running it (see the module docstring). Yields the list
+    of (the job's future, whether the job compiled: False where the cache held the graph) that
+    each hand-off appends to.
+
+    The stand-ins: zero-filled device buffers with `real_outputs` (a graph traced over them
+    reads data), else placeholders. A graph that reads a placeholder, compiling in one thread,
+    holds up every device-wide sync (`torch_xla.sync()`, which the bridge makes before each
+    trace) until its compile ends (`b2t.xla_workarounds`: placeholder-compile-blocks-sync)."""
+    import torch_xla
+    from torch_xla.core.xla_builder import create_placeholder_tensor
+
+    xlac = torch_xla._XLAC
+    compile_unrun, run_compiled = xlac._xla_warm_up_cache, xlac._run_cached_graph
+    outputs: dict[bytes, list[tuple[tuple[int, ...], torch.dtype]]] = {}
+    handed: list[tuple[Future, bool]] = []
+
+    def hand_off(tensors: list[torch.Tensor], devices: list[str]) -> None:
+        key = xlac._get_graph_hash(tensors)
+        computed = xlac._check_tensor_need_materialization(tensors)  # the graph's outputs, in its order
+        outputs[key] = [(tuple(t.shape), t.dtype) for t, out in zip(tensors, computed) if out]
+        uncached, before = _counter("UncachedCompile"), _cache_lookups()
+        job = start(lambda: compile_unrun(tensors, devices))
+        while _cache_lookups() == before and not job.done():
+            time.sleep(0.001)
+        handed.append((job, _counter("UncachedCompile") > uncached))
+
+    def stand_ins(key: bytes, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if key not in outputs:
+            return run_compiled(key, inputs)
+        device = inputs[0].device if inputs else torch_xla.device()
+        if real_outputs:
+            cached = xlac._get_xla_enable_device_data_cache()
+            xlac._set_xla_enable_device_data_cache(False)  # else equal small stand-ins share one buffer
+            try:
+                return [torch.zeros(shape, dtype=dtype).to(device) for shape, dtype in outputs[key]]
+            finally:
+                xlac._set_xla_enable_device_data_cache(cached)
+        return [create_placeholder_tensor(shape, dtype) for shape, dtype in outputs[key]]
+
+    xlac._xla_warm_up_cache, xlac._run_cached_graph = hand_off, stand_ins
+    try:
+        yield handed
+    finally:
+        xlac._xla_warm_up_cache, xlac._run_cached_graph = compile_unrun, run_compiled
+
+
+def _counter(name: str) -> int:
+    """One of torch_xla's counters (0 before it first counts)."""
+    import torch_xla.debug.metrics as met
+
+    return int(met.counter_value(name) or 0)
+
+
+def drop_pending_graphs(device: torch.device) -> None:
+    """Forget every pending graph on `device`: each tensor that has one becomes a placeholder
+    of its shape (what torch_xla's bridge does after each of its traces)."""
+    import torch_xla
+
+    torch_xla._XLAC._clear_pending_irs(str(device))

@@ -77,12 +77,27 @@ WORKAROUNDS: tuple[Workaround, ...] = (
         "precompile-not-reused",
         "A graph compiled without running it (`_xla_warm_up_cache`, what the dynamo bridge and the TPU check use) is "
         "cached under another key than the same graph synced by `torch_xla.sync()` (the sync's aliasing setting is "
-        "part of the key), so the sync compiles it again; and compiles from several threads ran one after another "
-        "on the CPU runtime (docs/xla-facts.md).",
-        "The warm-up compiles the xla backend's graphs by running its steps, one graph after another "
-        "(b2t.train.warmup); side by side compiling is done by the TPU check with libtpu's own compile-only client "
-        "(b2t.plan.side_by_side).",
+        "part of the key), so the sync compiles it again.",
+        "The warm-up compiles the xla backend's graphs, and what openxla leaves lazy (the update; on a mesh the "
+        "backward), by running its steps, one graph after another (b2t.train.warmup); only openxla's dynamo graphs, "
+        "which the bridge itself compiles unrun, are compiled side by side (b2t.engine.concurrent_compiles).",
         "tests/test_xla_workarounds.py::test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync",
+    ),
+    Workaround(
+        "placeholder-compile-blocks-sync",
+        "A graph that reads a placeholder (device data with no buffer yet), compiling in one thread, holds up every "
+        "device-wide sync (`torch_xla.sync()`, which the dynamo bridge makes before each trace) in every other "
+        "thread until its compile ends; a graph of real buffers compiling does not.",
+        "The side-by-side warm-up's stand-ins for the outputs a later graph of the trace reads (openxla's forward, "
+        "read by its backward) are zero-filled device buffers (b2t.private_api.bridge_compiles_handed_off).",
+        "tests/test_xla_workarounds.py::test_sentinel_a_graph_compiling_over_a_placeholder_holds_up_a_sync",
+    ),
+    Workaround(
+        "device-data-cache",
+        "torch_xla's device-data cache gives equal 0-dim uploads one buffer, so a graph traced over two of them "
+        "reads one input for both: the side-by-side warm-up's zero stand-ins once made every gradient NaN.",
+        "b2t.private_api.bridge_compiles_handed_off makes its stand-ins with the cache off.",
+        "tests/test_xla_workarounds.py::test_sentinel_equal_scalar_uploads_share_one_graph_input",
     ),
     Workaround(
         "spmd-async-trace",

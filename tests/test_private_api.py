@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from b2t.private_api import (
     aot_autograd,
     autograd_excluded,
     autograd_inside_op,
+    bridge_compiles_handed_off,
     buffer_donated,
     ctc_alpha,
     ctc_alpha_backward,
@@ -27,6 +30,7 @@ from b2t.private_api import (
     graph_data_handles,
     gru_layer,
     has_pending_graph,
+    is_placeholder,
     openxla_eval_boxed,
     raise_recompile_limit,
     scalars_as_device_data,
@@ -97,7 +101,8 @@ def test_the_wrapped_private_names_exist():
     for name in ("_get_xla_sharding_spec", "_get_local_shards", "_get_local_shard_replica_and_indices",
                  "_xla_warm_up_cache", "_get_graph_hash", "_xla_get_num_cached_compilation_graph",
                  "_xla_get_tensor_id", "_get_tensors_xla_device_data_node",
-                 "_get_xla_tensor_debug_info"):
+                 "_get_xla_tensor_debug_info", "_run_cached_graph", "_check_tensor_need_materialization",
+                 "_clear_pending_irs", "_get_xla_enable_device_data_cache", "_set_xla_enable_device_data_cache"):
         assert hasattr(torch_xla._XLAC, name), f"torch_xla._XLAC.{name} is gone: update b2t/private_api.py"
     assert callable(common.aot_autograd) and callable(bridge.openxla_eval_boxed), "update b2t/private_api.py"
     assert isinstance(torch._dynamo.config.recompile_limit, int), "update b2t/private_api.py"
@@ -272,6 +277,32 @@ def test_the_bridge_compiles_a_graph_through_aot_autograd():
     fn = torch.compile(lambda x: x * 3 + 1, backend=aot_autograd(fw_compiler=forward_compiler), dynamic=False)
     x = torch.arange(4.0).to(torch_xla.device())
     assert fn(x).cpu().tolist() == [1.0, 4.0, 7.0, 10.0] and calls == [1]
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("real_outputs", [True, False], ids=["zeros", "placeholders"])
+def test_the_bridges_compile_is_handed_to_a_job_and_its_run_stood_in_for(real_outputs):
+    """Inside: the graph compiles in the job handed over, and its run returns stand-ins of its
+    outputs (zeros, or buffer-less placeholders); after: the function runs the graph the job
+    compiled, compiling nothing more."""
+    import torch_xla.debug.metrics as met
+
+    compilations = lambda: int((met.metric_data("CompileTime") or [0])[0])  # noqa: E731
+    fn = torch.compile(lambda x: (x * 3 + 1).sin(), backend="openxla", dynamic=False)
+    x = torch.arange(4.0 + real_outputs).to(DEVICE)  # a shape of its own per case: nothing cached
+    threads = []
+    with ThreadPoolExecutor(1) as pool, bridge_compiles_handed_off(
+            lambda job: pool.submit(lambda: (threads.append(threading.get_ident()), job())),
+            real_outputs=real_outputs) as handed:
+        before = compilations()
+        out = fn(x)
+        handed[0][0].result()
+    assert len(handed) == 1 and handed[0][1], "one graph handed off, and compiled by its job"
+    assert threads and threads[0] != threading.get_ident() and compilations() == before + 1
+    assert is_placeholder(out) != real_outputs
+    if real_outputs:
+        assert torch.equal(out.cpu(), torch.zeros(len(x)))
+    assert torch.allclose(fn(x).cpu(), (x.cpu() * 3 + 1).sin()) and compilations() == before + 1
     torch._dynamo.reset()
 
 

@@ -11,6 +11,8 @@ import ast
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ import torch
 import torch_xla
 import torch_xla.debug.metrics as met
 
-from b2t.private_api import special_scalars_handled, warm_up_cache
+from b2t.private_api import drop_pending_graphs, special_scalars_handled, warm_up_cache
 from b2t.xla_workarounds import WORKAROUNDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +99,56 @@ def test_sentinel_a_graph_compiled_without_running_is_compiled_again_by_sync():
     torch_xla.sync()  # the same pending graph, now run
     assert _compilations() - before == 2
     assert torch.equal(w.cpu(), torch.full((8, 8), 1.5))
+
+
+def _compile_beside_a_sync(source: torch.Tensor, ops: int) -> tuple[float, float]:
+    """When a graph of `ops` ops over `source` finished compiling in another thread, and when a
+    device-wide sync made meanwhile (nothing pending) returned, in seconds from the compile's start."""
+    x = torch.ones(64, 64).to(torch_xla.device())
+    torch_xla.sync()
+    graph = source
+    for i in range(ops):
+        graph = torch.sin(graph @ x + i) * torch.cos(graph[:, :1] + i * 0.5)
+    ends: dict[str, float] = {}
+
+    def compile_graph() -> None:
+        torch_xla._XLAC._xla_warm_up_cache([graph], [])
+        ends["compiled"] = time.perf_counter()
+
+    thread = threading.Thread(target=compile_graph)
+    start = time.perf_counter()
+    thread.start()
+    time.sleep(0.2)
+    drop_pending_graphs(torch_xla.device())  # the sync has nothing of its own to compile or run
+    torch_xla.sync()
+    ends["synced"] = time.perf_counter()
+    thread.join()
+    return ends["compiled"] - start, ends["synced"] - start
+
+
+def test_sentinel_a_graph_compiling_over_a_placeholder_holds_up_a_sync():
+    """Over a placeholder the sync returns only once the compile has ended (about 2 s); over a
+    real buffer, at once (the graphs differ by an op, so neither finds the other's in the cache)."""
+    from torch_xla.core.xla_builder import create_placeholder_tensor
+
+    real = torch.ones(64, 64).to(torch_xla.device())
+    compiled, synced = _compile_beside_a_sync(real, 61)
+    assert synced < compiled, "a sync waited for a compile over real buffers"
+    compiled, synced = _compile_beside_a_sync(create_placeholder_tensor((64, 64), torch.float32), 60)
+    assert synced >= compiled > 0.2
+
+
+def test_sentinel_equal_scalar_uploads_share_one_graph_input():
+    """With torch_xla's device-data cache on, two uploaded 0-dim zeros are one input of a graph over both."""
+    enabled = torch_xla._XLAC._get_xla_enable_device_data_cache()
+    try:
+        for cache, inputs in ((True, 1), (False, 2)):
+            torch_xla._XLAC._set_xla_enable_device_data_cache(cache)
+            a, b = (torch.zeros(()).to(torch_xla.device()) for _ in range(2))
+            _, data = torch_xla._XLAC._get_tensors_xla_device_data_node([a * b])
+            assert len(data) == inputs, f"device-data cache {'on' if cache else 'off'}"
+    finally:
+        torch_xla._XLAC._set_xla_enable_device_data_cache(enabled)
 
 
 def test_sentinel_a_scan_over_a_pending_sharded_result_crashes():

@@ -187,7 +187,7 @@ def warm_up_counts(pipeline: str, shards: Path, manifest: Manifest, steps: int) 
     evaluation pass after it), in a fresh process."""
     stepper, device = _stepper(pipeline, manifest)
     start = compilations()
-    warm_up(stepper, manifest.buckets, lambda what: None)
+    warm_up(stepper, manifest.buckets)
     warm = compilations()
     batches = [b.to(device) for b, _ in zip(train_batches(shards, manifest, StreamConfig()), range(steps))]
     for i, batch in enumerate(batches):

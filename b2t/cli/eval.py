@@ -241,6 +241,9 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
 @click.option("--compile-cache", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="Persistent compilation cache shared with b2t-train --compile-cache (torch_xla 2.9 stores "
                    "graphs but cannot load them back: pytorch/xla#9094; the warm-up says what it did).")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None, metavar="N",
+              help="openxla: compile up to N buckets' eval graphs at once, while the next are traced (default: "
+                   "half this machine's cores). 0 compiles each as its first batch runs, one after another.")
 @click.pass_context
 def eval_main(ctx: click.Context, **p: Any) -> None:
     """Decode SPLIT of DATASET (a b2t-preprocess output) with CHECKPOINT(s): PER, and words with a lexicon.
@@ -337,7 +340,7 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
         use_compile_cache(p["compile_cache"])
     results, members = evaluate_checkpoints(checkpoints, data, p["split"], backend=p["backend"],
                                             device=p["device"], log_probs=plan is not None and plan.beam,
-                                            progress=progress)
+                                            progress=progress, compile_jobs=p["compile_jobs"])
     lap("model")
     tuned = None
     if plan is not None:

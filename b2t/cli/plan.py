@@ -79,8 +79,8 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
 
 def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, jobs: int | None) -> str:
     """The TPU compiler's report on DATASET's buckets (else the competition data's)."""
+    from b2t.engine.concurrent_compiles import default_jobs
     from b2t.plan.check import run_check
-    from b2t.plan.side_by_side import default_jobs
     from b2t.plan.targets import parse_target
 
     chosen = parse_target(target)

@@ -35,17 +35,22 @@ from b2t.paths import Place, RegularFile, refuse_clashes
               help="torch_xla's persistent compilation cache: compiled graphs are stored in DIR for later runs to "
                    "load. torch_xla 2.9 cannot load them back on any runtime (pytorch/xla#9094), so a second run "
                    "compiles again; the warm-up's last line says what the cache did.")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None, metavar="N",
+              help="openxla: compile up to N of the warm-up's graphs at once, while the next are traced "
+                   "(default: half this machine's cores); each runs in host memory of its own, printed at the end of the "
+                   "warm-up. 0 compiles each graph as its step first runs, one after another.")
 def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides: tuple[str, ...],
                backend: str | None, resume: bool, max_compiles: int | None, device: str | None,
                no_progress: bool, devices: str | None, mesh: str | None, init_from: Path | None,
-               verify_data: bool, compile_cache: Path | None) -> None:
+               verify_data: bool, compile_cache: Path | None, compile_jobs: int | None) -> None:
     """Train a phoneme decoder (model.family: the reference GRU, or the noise-separating
     three-GRU model) on DATASET (a b2t-preprocess output) into RUN_DIR.
 
     It first prints the device it found, then compiles every graph of the run before the
-    first step (the warm-up), one numbered line per piece as it starts, "compiling 3/9: train
-    step, bucket T=246 B=16 (about 49 s, as last time)", and one as it ends, "compiled 3/9:
-    ...: 2 graphs, 50.0 s"; after it no step compiles again. Steps/s and the ETA count the
+    first step (the warm-up), one numbered line per piece as it starts, "compiling 3/7: train
+    step, bucket T=246 B=16 (about 49 s, as last time)", and one as it ends, "compiled 3/7:
+    ...: 2 graphs, 50.0 s" (under openxla the pieces compile side by side, --compile-jobs);
+    after it no step compiles again. Steps/s and the ETA count the
     steps after the warm-up only; the end prints where the time went, the best validation,
     the checkpoints and the next commands. A --resume of a finished run compiles nothing and
     prints that summary again. RUN_DIR receives
@@ -61,9 +66,10 @@ def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides
         from b2t.engine.devices import use_compile_cache
 
         use_compile_cache(compile_cache)
+    jobs = {} if compile_jobs is None else {"compile_jobs": compile_jobs}
     summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
                                                        progress=not no_progress, device=device,
-                                                       init_from=init_from, verify_data=verify_data))
+                                                       init_from=init_from, verify_data=verify_data, **jobs))
     if summary["rank"] == 0:
         from b2t.train.summary import format_summary
 

@@ -95,12 +95,18 @@ class Backend:
     name: ClassVar[str] = "eager"
     xla: ClassVar[bool] = False  # steps on an XLA device (lazy tensors, compiled graphs, counters)
     compiles: ClassVar[bool] = False  # compiles graphs before the first step (the warm-up's work)
+    compiles_ahead: ClassVar[bool] = False  # its graphs can compile side by side while traced (openxla's)
 
     device: torch.device
     mesh: SpmdMesh | None = None  # XLA SPMD: batches split along their batch dim, weights maybe sharded
     baseline: CompileStats = field(default_factory=lambda: CompileStats(0, {}))
     """The process's XLA counters when this backend was made: `stats` counts from there, so a
     run in a process that compiled before (a notebook, a test session) reports its own."""
+
+    @property
+    def dynamo_backward(self) -> bool:
+        """The backward is a dynamo graph that torch_xla's bridge compiles on its own (openxla's, off a mesh)."""
+        return False
 
     @classmethod
     def configure(cls, spmd: bool = False) -> None:
@@ -287,6 +293,13 @@ class OpenXlaBackend(XlaBackend):
     the update one lazy graph."""
 
     name: ClassVar[str] = "openxla"
+    compiles_ahead: ClassVar[bool] = True  # torch_xla's bridge compiles each dynamo graph on its own
+
+    @property
+    def dynamo_backward(self) -> bool:
+        """The backward is one of dynamo's graphs, compiled by the bridge (off a mesh); on a
+        mesh it is traced lazily into the step (`spmd_openxla`), compiled by the step's sync."""
+        return self.mesh is None
 
     @classmethod
     def configure(cls, spmd: bool = False) -> None:

@@ -132,6 +132,23 @@ class Stepper:
         objective.backward(self._grad_seed)
         return objective.detach(), {name: loss.detach() for name, loss in losses.items()}
 
+    def trace_graphs(self, batch: Batch, *, train: bool, log_probs: bool = False) -> None:
+        """Trace what this bucket's first train step (`train`: its forward and, where it is a
+        dynamo graph, backward) or eval step (`log_probs`: the word-decoding one) compiles, as
+        the step would, and nothing after: openxla's warm-up compiles those graphs side by side
+        meanwhile (`b2t.engine.concurrent_compiles`), then runs its steps. No weight changes; the
+        gradients are dropped, as an update drops them."""
+        if not train:
+            with torch.no_grad():
+                self.model.eval()
+                (self._log_probs_fn if log_probs else self._eval_fn)(**self._inputs(batch))
+            return
+        self.model.train()
+        losses = self._train_fn(**self._inputs(batch, 1, 0))
+        if self.backend.dynamo_backward:
+            losses[TOTAL].backward(self._grad_seed)
+        self.optimizer.zero_grad(set_to_none=True)
+
     def update(self, step: int) -> Tensor:
         """Clip, set this step's learning rates, apply AdamW, drop the gradients; returns the grad norm.
 

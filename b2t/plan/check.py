@@ -19,10 +19,11 @@ from pathlib import Path
 from b2t.config import Config
 from b2t.contract import BucketShape
 from b2t.engine.backend import backend_class
+from b2t.engine.concurrent_compiles import HostMemory
 from b2t.errors import UsageError
 from b2t.plan.capture import Graph, TraceBackend, prepare_process, trace, trace_backend
 from b2t.plan.compiler import HEADROOM, Compiled
-from b2t.plan.side_by_side import HostMemory, compile_all, compile_step
+from b2t.plan.side_by_side import compile_all, compile_step
 from b2t.plan.targets import GiB, Target
 
 MiB = 1024**2

@@ -5,99 +5,22 @@ from several threads at once (it releases the GIL; docs/xla-facts.md, item 19), 
 its slowest graph on a host with enough cores, not for the sum. Tracing stays one graph after
 another (torch_xla traces in one thread); only the compiles overlap.
 
-Each concurrent compile holds its own copy of the module and the compiler's working state, so
-the host-memory cost is measured while they run (the process's resident set, sampled) and
-reported per compile running at once: what one more job would add.
+The host-memory cost of each compile running at once is measured while they run
+(`b2t.engine.concurrent_compiles`, which owns that accounting for the warm-up too).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
+from b2t.engine.concurrent_compiles import HostMemory, MemorySampler
 from b2t.errors import UsageError
 from b2t.plan.capture import Graph
 from b2t.plan.compiler import Compiled, compile_for
 from b2t.plan.targets import Target
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def default_jobs() -> int:
-    """Half the cores this process may run on (its CPU affinity, else the machine's count), at
-    least 1: one libtpu compile keeps about two cores busy, so more concurrent compiles only
-    contend (docs/tpu.md, the tiny config on one v5e chip)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores // 2)
-
-
-def resident_bytes() -> int:
-    """This process's resident set size now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """The process's resident memory around the compiles: before the first, the peak while they
-    ran, and the most that ran at once."""
-
-    before: int
-    peak: int
-    most_at_once: int
-
-    @property
-    def per_compile(self) -> float:
-        """Bytes each compile running at once added, on average (peak over before, per compile)."""
-        return max(self.peak - self.before, 0) / max(self.most_at_once, 1)
-
-
-class _Sampler:
-    """Samples the resident set every `interval` seconds while compiles run."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval, self.peak, self.running, self.most = interval, resident_bytes(), 0, 0
-        self.before = self.peak
-        self._lock, self._stop = threading.Lock(), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
-    def sample(self) -> None:
-        rss = resident_bytes()
-        with self._lock:
-            self.peak = max(self.peak, rss)
-
-    def started(self) -> None:
-        with self._lock:
-            self.running += 1
-            self.most = max(self.most, self.running)
-
-    def finished(self) -> None:
-        self.sample()
-        with self._lock:
-            self.running -= 1
-
-    def __enter__(self) -> _Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-    def memory(self) -> HostMemory:
-        return HostMemory(self.before, self.peak, self.most)
 
 
 def compile_step(target: Target, parts: Sequence[Graph]) -> list[Compiled]:
@@ -127,7 +50,7 @@ def compile_all(target: Target, steps: Sequence[Sequence[Graph]], jobs: int, rep
     report(f"compiling {len(steps)} step{'s' * (len(steps) != 1)} for {target.name}, {jobs} at a time")
     estimates, lock = CompileEstimates(), threading.Lock()
     t0 = time.perf_counter()
-    with _Sampler() as sampler, ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tpu-compile") as pool:
+    with MemorySampler() as sampler, ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tpu-compile") as pool:
         def one(index: int) -> list[Compiled]:
             g = steps[index][0]
             with lock:

@@ -24,7 +24,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from b2t.data.loader import StreamConfig
 from b2t.decoding import decode_batches, summarize
 from b2t.engine.backend import Backend, CompileStats, describe, make_backend
 from b2t.engine.checkpoint import TrainState, read_state, save_checkpoint
+from b2t.engine.concurrent_compiles import default_jobs
 from b2t.engine.mesh import check_divisible, host_copy
 from b2t.engine.optim import make_optimizer
 from b2t.engine.parallel import Layout, close_ddp, make_layout, wrap_ddp
@@ -65,6 +66,7 @@ class RunOptions:
     device: str | None = None
     init_from: Path | None = None  # a fresh run starts from this checkpoint's weights (b2t.train.init_from)
     verify_data: bool = False  # sha256 of every shard against the manifest before training
+    compile_jobs: int = field(default_factory=default_jobs)  # openxla's warm-up: graphs compiled at once (0: in turn)
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -196,22 +198,23 @@ class Run:
             self.log.write(PIECE_RECORD, piece=str(piece), index=piece.index, of=piece.total, graphs=graphs,
                            seconds=round(seconds, 3))
 
-        estimates = CompileEstimates.from_records(self.run_dir.records(self.layout.rank))
-        progress = WarmUpReport.for_backend(self.backend, estimates=estimates, record=record, enabled=self.layout.is_main,
-                                            bar=self.opts.progress)
-
-        def report(piece: Piece | None) -> None:
+        def starting(piece: Piece | None) -> None:
             self.check_compiles(f"in the warm-up, before the {piece or 'loop'}")
             self.phase = f"the warm-up's {piece}" if piece else "the warm-up"
-            progress(piece)
 
+        estimates = CompileEstimates.from_records(self.run_dir.records(self.layout.rank))
+        progress = WarmUpReport.for_backend(self.backend, estimates=estimates, record=record, enabled=self.layout.is_main,
+                                            bar=self.opts.progress, on_piece=starting)
         self.clock.start("warm-up")
-        warmup.warm_up(self.stepper, self.data.buckets, report)
+        memory = warmup.warm_up(self.stepper, self.data.buckets, progress, jobs=self.opts.compile_jobs)
         seconds, _ = progress.close(len(self.data.buckets))
         self.clock.start(TRAINING)
         warm = self.backend.stats()
+        side_by_side = {} if memory is None else {"compiles_at_once": memory.most_at_once,
+                                                  "host_bytes_per_compile": round(memory.per_compile)}
         self.log.write("compile", phase="warm-up", buckets=len(self.data.buckets), seconds=round(seconds, 3),
-                       **warm.to_dict(), donated=warm.donated, training_state=len(self.stepper.training_state()))
+                       **warm.to_dict(), donated=warm.donated, training_state=len(self.stepper.training_state()),
+                       **side_by_side)
         return warm
 
     def check_compiles(self, when: str) -> None:

@@ -2,12 +2,12 @@
 and the record of what each piece cost.
 
 The warm-up (`b2t.train.warmup`) and the TPU check (`b2t.plan.check`) both compile a known
-list of pieces, one after another today; whatever runs them (in turn or concurrently) tells
-`WarmUpReport.started` and `.finished` about each, so how the pieces are run can change
-without changing what is shown. Expected times come from `CompileEstimates`: the same
-piece's time in an earlier attempt of the run (its `compiled` records in metrics.jsonl),
-else the time of this warm-up's earlier piece of the same kind (the GRU and CTC scans make a
-graph's compile time nearly independent of T).
+list of pieces, in turn or side by side; whatever runs them tells `WarmUpReport.started` and
+`.finished` about each (side by side, with each piece's own graph count and end time).
+Expected times come from `CompileEstimates`: the same piece's time in an earlier attempt of
+the run (its `compiled` records in metrics.jsonl), else the time of this warm-up's earlier
+piece of the same kind (the GRU and CTC scans make a graph's compile time nearly independent
+of T).
 """
 
 from __future__ import annotations
@@ -29,17 +29,18 @@ PIECE_RECORD = "compiled"
 
 @dataclass(frozen=True)
 class Piece:
-    """One unit of the warm-up: a bucket's train steps, its eval step, or its eval step again.
-    `index` counts from 1 to `total`, the number of pieces of the whole warm-up."""
+    """One unit of the warm-up: a bucket's train steps, its eval step, or its eval step again;
+    after graphs compiled side by side, the steps of every bucket (no bucket of its own, T and B
+    0). `index` counts from 1 to `total`, the number of pieces of the whole warm-up."""
 
-    kind: str  # "train step", "eval step", "eval step again"
+    kind: str  # "train step", "eval step", "eval step again", "steps of every bucket"
     T: int
     B: int
     index: int
     total: int
 
     def __str__(self) -> str:
-        return f"{self.kind}, bucket T={self.T} B={self.B}"
+        return f"{self.kind}, bucket T={self.T} B={self.B}" if self.T else self.kind
 
     @property
     def counter(self) -> str:
@@ -93,16 +94,19 @@ class WarmUpReport:
     seconds)` stores each finished piece (metrics.jsonl); `enabled`: print anything (False on a
     data-parallel run's other ranks); `bar`: the live bar on a terminal (off with --no-progress);
     `cache_line`: what the persistent compilation cache did, printed after the last line
-    (`CompileStats.cache_line`)."""
+    (`CompileStats.cache_line`); `on_piece(piece)`: called as each piece starts, and with None
+    once the last has ended (the trainer checks its compile budget there)."""
 
     def __init__(self, compiles: bool, compilations: Callable[[], int | None], *,
                  estimates: CompileEstimates | None = None,
                  record: Callable[[Piece, int | None, float], None] | None = None, enabled: bool = True,
-                 bar: bool = True, cache_line: Callable[[], str | None] = lambda: None) -> None:
-        self.compilations, self.cache_line = compilations, cache_line
+                 bar: bool = True, cache_line: Callable[[], str | None] = lambda: None,
+                 on_piece: Callable[[Piece | None], None] = lambda piece: None) -> None:
+        self.compilations, self.cache_line, self.on_piece = compilations, cache_line, on_piece
         self.estimates = estimates or CompileEstimates()
         self.record, self.enabled, self.show_bar = record, enabled, bar
         self.compiles = compiles
+        self.side_by_side: str | None = None  # how the graphs compiled, for the closing line
         self.bar: tqdm | None = None
         self.open: dict[Piece, tuple[float, int | None]] = {}  # started pieces: (start time, counter then)
         self.current: Piece | None = None
@@ -119,7 +123,13 @@ class WarmUpReport:
     def live(self) -> bool:
         return self.bar is not None and not self.bar.disable
 
+    @classmethod
+    def quiet(cls, backend: Backend) -> WarmUpReport:
+        """A report that shows and records nothing (tools, tests)."""
+        return cls(backend.compiles, lambda: None, enabled=False, bar=False)
+
     def started(self, piece: Piece) -> None:
+        self.on_piece(piece)
         if self.bar is None:
             self.bar = progress_bar(total=piece.total, unit="piece", leave=False, bar_format="{desc}",
                                     disable=not (self.enabled and self.show_bar and self.compiles and sys.stderr.isatty()))
@@ -134,10 +144,15 @@ class WarmUpReport:
         else:
             tqdm.write(line)
 
-    def finished(self, piece: Piece) -> None:
+    def finished(self, piece: Piece, graphs: int | None = None, end: float | None = None) -> None:
+        """`piece` has ended: at `end` (perf_counter seconds; default now) with `graphs` compiled
+        (default: the counter's rise since it started, which pieces compiling side by side
+        cannot use)."""
         t_start, before = self.open.pop(piece)
-        seconds, after = time.perf_counter() - t_start, self.compilations()
-        graphs = None if before is None or after is None else after - before
+        seconds = (time.perf_counter() if end is None else end) - t_start
+        if graphs is None:
+            after = self.compilations()
+            graphs = None if before is None or after is None else after - before
         if graphs != 0:
             self.estimates.observe(piece.kind, f"T={piece.T}", seconds)
         if self.record is not None:
@@ -158,6 +173,8 @@ class WarmUpReport:
         self.current = piece
         if piece is not None:
             self.started(piece)
+        else:
+            self.on_piece(None)
 
     def close(self, buckets: int) -> tuple[float, int | None]:
         """The closing `warm-up: ...` line; returns (seconds, graphs compiled; None off XLA)."""
@@ -168,7 +185,8 @@ class WarmUpReport:
         if self.enabled:
             what = ("nothing to compile (eager)" if not self.compiles else f"{graphs} graph{'s' * (graphs != 1)}"
                     if graphs is not None else "compiled")
-            tqdm.write(f"warm-up: {what} for {buckets} bucket{'s' * (buckets != 1)} in {duration(seconds)}")
+            how = f" ({self.side_by_side})" if self.side_by_side else ""
+            tqdm.write(f"warm-up: {what} for {buckets} bucket{'s' * (buckets != 1)} in {duration(seconds)}{how}")
             if (cache := self.cache_line()) is not None:
                 tqdm.write(cache)
         return seconds, graphs

@@ -75,7 +75,7 @@ def test_a_resumed_warm_up_compiles_nothing_the_trained_process_had_not(tmp_path
 
     model, optimizer = model_and_optimizer()
     stepper = Stepper(model, optimizer, backend, cfg)
-    warm_up(stepper, [BUCKET], lambda what: None)
+    warm_up(stepper, [BUCKET])
     for step in (1, 2, 3):
         stepper.train_step([Batch(0, empty_batch(BUCKET), {})], step)
     save_checkpoint(tmp_path / "last.safetensors", model, optimizer, TrainState(step=3))
@@ -83,7 +83,7 @@ def test_a_resumed_warm_up_compiles_nothing_the_trained_process_had_not(tmp_path
 
     model, optimizer = model_and_optimizer()
     load_checkpoint(tmp_path / "last.safetensors", model, optimizer)  # before the Stepper, as the trainer does
-    warm_up(Stepper(model, optimizer, backend, cfg), [BUCKET], lambda what: None)
+    warm_up(Stepper(model, optimizer, backend, cfg), [BUCKET])
     assert backend.stats().compilations == trained
 
 

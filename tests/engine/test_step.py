@@ -33,7 +33,7 @@ def test_the_warm_up_leaves_the_training_state_as_it_found_it():
     stepper = Stepper(model, optimizer, backend, cfg)
     set_lrs(optimizer, 10, cfg.optim)  # a learning rate well above 0, as at a resume
     before = _training_state(model, optimizer)
-    warm_up(stepper, [BucketShape(T=30, B=4, L=8), BucketShape(T=62, B=4, L=8)], lambda what: None)
+    warm_up(stepper, [BucketShape(T=30, B=4, L=8), BucketShape(T=62, B=4, L=8)])
     after = _training_state(model, optimizer)
     assert after.keys() == before.keys()
     changed = [k for k in before if not torch.equal(before[k], after[k])]

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from b2t.cli.plan import plan_main
 from b2t.cli.train import train_main
-from b2t.plan.side_by_side import HostMemory, compile_all, default_jobs, resident_bytes
+from b2t.engine.concurrent_compiles import HostMemory, default_jobs, resident_bytes
+from b2t.plan.side_by_side import compile_all
 from b2t.plan.targets import parse_target
 
 REPO = Path(__file__).resolve().parents[2]

@@ -44,6 +44,36 @@ def test_pieces_are_numbered_in_the_order_the_warm_up_runs_them():
     assert [p.kind for p in warm_up_pieces(BUCKETS, train=False)] == ["eval step"] * 2 + ["eval step again"] * 2
 
 
+def test_side_by_side_pieces_are_each_buckets_graphs_then_one_for_every_buckets_steps():
+    pieces = warm_up_pieces(BUCKETS, train=True, ahead=True)
+    assert [(p.counter, str(p)) for p in pieces] == [
+        ("1/5", "train step, bucket T=126 B=16"), ("2/5", "eval step, bucket T=126 B=16"),
+        ("3/5", "train step, bucket T=254 B=8"), ("4/5", "eval step, bucket T=254 B=8"),
+        ("5/5", "steps of every bucket")]
+
+
+def test_overlapping_pieces_end_with_the_graphs_and_time_they_are_given(capsys):
+    """Side by side, pieces end out of order, each with its own graph count and end time (the
+    compile counter counts every piece at once); the closing line says how they compiled."""
+    counter, records, starts = Counter(), [], []
+    report = WarmUpReport(True, counter, record=lambda p, g, s: records.append((p.counter, g, round(s))),
+                          on_piece=starts.append)
+    first, second, *_ = warm_up_pieces(BUCKETS, train=True, ahead=True)
+    report.started(first)
+    report.started(second)
+    counter.n += 3
+    report.finished(second, 1, end=report.open[second][0] + 4.0)
+    report.finished(first, 2, end=report.open[first][0] + 9.0)
+    report(None)
+    report.side_by_side = "graphs compiled up to 2 at once"
+    report.close(len(BUCKETS))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("compiled 2/5: eval step, bucket T=126 B=16: 1 graph, 4.0 s")
+    assert lines[3].startswith("compiled 1/5: train step, bucket T=126 B=16: 2 graphs, 9.0 s")
+    assert lines[-1].endswith(" (graphs compiled up to 2 at once)")
+    assert records == [("2/5", 1, 4), ("1/5", 2, 9)] and starts == [first, second, None]
+
+
 def test_piped_lines_say_k_of_n_as_each_piece_starts_and_ends(capsys):
     counter, records = Counter(), []
     report = WarmUpReport(True, counter, record=lambda p, g, s: records.append((p.counter, g)))
