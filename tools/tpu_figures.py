@@ -334,26 +334,55 @@ def share(backends: tuple[str, ...], configs: tuple[str, ...]) -> None:
 def compile_times() -> None:
     """TPU compile seconds per bucket and graph, on this machine, for each config as it runs
     (its own backend and mesh), and the warm-up they add up to: every bucket's train and eval
-    step, an `openxla` optimizer update once (the same graph in every bucket, compiled once)."""
+    step, an `openxla` optimizer update once (the same graph in every bucket, compiled once);
+    then what the warm-up waits for one graph after another and side by side (`side_by_side`)."""
     from b2t.plan.memory import COMPETITION_BUCKETS
 
     print("| config | target | bucket | train compile s | of which update | eval compile s | train trace s |")
     print("|---|---|---|---|---|---|---|")
     for config, target, mesh in (("configs/baseline.yaml", "v5e-1", ""), ("configs/noise687m.yaml", "v5e-8", "data=8")):
-        warm_up, update = 0.0, 0.0  # mesh: the config's own (noise687m.yaml's `mesh:` is data=8)
+        warm_up, update, buckets = 0.0, 0.0, []  # mesh: the config's own (noise687m.yaml's `mesh:` is data=8)
         for b in COMPETITION_BUCKETS:  # one case per graph: the longest bucket's train case is the question's
             case = ("--config", config, "--target", target, "--mesh", mesh, "--shape", f"{b.T},{b.B},{b.L}")
             rows = {r["kind"]: r for r in (*_run(*case), *_run(*case, "--kinds", "eval"))}
             if len(rows) < 2:
                 continue
             train = rows["train"]
+            buckets.append(rows)
             this_update = next((p["compile_s"] for p in train["parts"] if p["part"] == "update"), None)
             update = max(update, this_update or 0.0)
             warm_up += train["compile_s"] - (this_update or 0.0) + rows["eval"]["compile_s"]
             of_update = "-" if this_update is None else f"{this_update:.1f}"
             print(f"| {Path(config).stem} | {target} {train['mesh']} | T={b.T} B={b.B} | {train['compile_s']:.0f} | "
                   f"{of_update} | {rows['eval']['compile_s']:.0f} | {train['trace_s']:.0f} |", flush=True)
-        print(f"\n{Path(config).stem} warm-up: {(warm_up + update) / 60:.1f} min of compiling\n", flush=True)
+        in_turn, beside = side_by_side(buckets)
+        print(f"\n{Path(config).stem} warm-up: {(warm_up + update) / 60:.1f} min of compiling; with the traces "
+              f"{in_turn:.0f} s one graph after another, about {beside:.0f} s side by side "
+              f"({beside / in_turn:.2f}x; an estimate: enough cores for every graph at once)\n", flush=True)
+
+
+def side_by_side(buckets: list[dict]) -> tuple[float, float]:
+    """What an openxla warm-up waits for, from each bucket's train and eval rows (their modules'
+    compile seconds and trace seconds): (one graph after another, side by side).
+
+    Side by side (b2t.train.warmup): the buckets' train and eval steps are traced in turn, each
+    dynamo module compiling from the end of its trace on, as many at once as there are modules;
+    then the steps run, compiling what stays lazy one after another: the update once, or, on a
+    mesh, each bucket's backward and update. The lazy part's trace counts inside the train
+    trace, which is all on the first pass: a bound on the wait, not a measurement."""
+    t, ends, lazy, update, in_turn = 0.0, [0.0], 0.0, 0.0, 0.0
+    for rows in buckets:
+        train, evaluation = rows["train"], rows["eval"]
+        parts = {p["part"]: p["compile_s"] for p in train["parts"]}
+        update = max(update, parts.get("update", 0.0))
+        lazy += parts.get("backward+update", 0.0)
+        in_turn += train["trace_s"] + evaluation["trace_s"] + train["compile_s"] + evaluation["compile_s"]
+        t += train["trace_s"]
+        ends += [t + s for part, s in parts.items() if part in ("forward", "backward")]
+        t += evaluation["trace_s"]
+        ends.append(t + evaluation["compile_s"])
+    in_turn -= update * (len(buckets) - 1)  # one update graph serves every bucket
+    return in_turn, max(t, *ends) + update + lazy
 
 
 @main.command()
