@@ -127,15 +127,16 @@ def _compile_beside_a_sync(source: torch.Tensor, ops: int) -> tuple[float, float
 
 
 def test_sentinel_a_graph_compiling_over_a_placeholder_holds_up_a_sync():
-    """Over a placeholder the sync returns only once the compile has ended (about 2 s); over a
-    real buffer, at once (the graphs differ by an op, so neither finds the other's in the cache)."""
+    """Over a placeholder the sync returns only as the compile ends (about 2 s; the compiling
+    thread notes its end a moment after the sync is let go, hence the 0.1 s); over a real buffer,
+    at once (the graphs differ by an op, so neither finds the other's in the cache)."""
     from torch_xla.core.xla_builder import create_placeholder_tensor
 
     real = torch.ones(64, 64).to(torch_xla.device())
     compiled, synced = _compile_beside_a_sync(real, 61)
-    assert synced < compiled, "a sync waited for a compile over real buffers"
+    assert synced < compiled / 2, "a sync waited for a compile over real buffers"
     compiled, synced = _compile_beside_a_sync(create_placeholder_tensor((64, 64), torch.float32), 60)
-    assert synced >= compiled > 0.2
+    assert compiled > 0.5 and synced > compiled - 0.1, (compiled, synced)
 
 
 def test_sentinel_equal_scalar_uploads_share_one_graph_input():

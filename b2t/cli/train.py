@@ -66,10 +66,12 @@ def train_main(dataset: Path, run_dir: Path, config_path: Path | None, overrides
         from b2t.engine.devices import use_compile_cache
 
         use_compile_cache(compile_cache)
-    jobs = {} if compile_jobs is None else {"compile_jobs": compile_jobs}
+    from b2t.engine.concurrent_compiles import default_jobs
+
     summary = train(dataset, run_dir, cfg, RunOptions(resume=resume, max_compiles=max_compiles,
                                                        progress=not no_progress, device=device,
-                                                       init_from=init_from, verify_data=verify_data, **jobs))
+                                                       init_from=init_from, verify_data=verify_data,
+                                                       compile_jobs=default_jobs() if compile_jobs is None else compile_jobs))
     if summary["rank"] == 0:
         from b2t.train.summary import format_summary
 
