@@ -24,7 +24,8 @@ from b2t.engine.backend import Backend
 from b2t.progress import duration, progress_bar
 
 PIECE_RECORD = "compiled"
-"""metrics.jsonl's kind for one warm-up piece: piece, index, of, graphs (None: not counted), seconds."""
+"""metrics.jsonl's kind for one warm-up piece: piece, index, of, graphs (None: not counted), seconds;
+written as each piece ends, so pieces compiled side by side come in the order they finished."""
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,10 @@ def test_graphs_compiled_side_by_side_are_the_ones_the_steps_run(tiny_dataset, t
     _, shards = tiny_dataset
     records = _train(shards, tmp_path / "run", jobs=2, steps=6)
     (warm,) = _kind(records, "compile")
-    pieces = _kind(records, "compiled")
+    pieces = sorted(_kind(records, "compiled"), key=lambda p: p["index"])  # logged as their compiles end
     assert [p["piece"].split(",")[0] for p in pieces if p["piece"] != "steps of every bucket"] == \
-        ["train step", "eval step"] * 3, "each bucket's train and eval piece, in the order they were traced"
+        ["train step", "eval step"] * 3, "each bucket's train and eval piece, numbered in the order traced"
+    assert [p["index"] for p in pieces] == list(range(1, 8)) and {p["of"] for p in pieces} == {7}
     assert sorted(p["graphs"] for p in pieces) == [1, 1, 1, 1, 2, 2, 2]
     assert [p["graphs"] for p in pieces if p["piece"] == "steps of every bucket"] == [1], "the update, once"
     assert warm["compilations"] == 3 * 3 + 1
