@@ -95,7 +95,7 @@ test: lint
 test-all: lint
 	$(PYTEST) -m "slow or not slow"
 
-# The figures of the README's Figures section (minutes on a 2-core machine).
+# The figures of docs/benchmarks.md that these scripts print (minutes on a 2-core machine).
 bench: install
 	mkdir -p $(BENCH)
 	$(PY) tools/bench_data.py --workdir $(BENCH)/data | tee $(BENCH)/bench_data.txt
