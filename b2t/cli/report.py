@@ -41,7 +41,8 @@ def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...
         if len(run_dirs) > 1:
             raise UsageError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
         output = RunDir(run_dirs[0]).report
-    refuse_clashes([Place("-o", output)], [Place("RUN", RunDir(d).metrics) for d in run_dirs])
+    refuse_clashes([Place("-o", output)], [*(Place("RUN", RunDir(d).metrics) for d in run_dirs),
+                                           *(Place("--eval", d, tree=True) for d in evals)])
     runs = []
     for run_dir in run_dirs:
         run, note = load_curves(run_dir)
