@@ -23,10 +23,10 @@ import click
 
 from b2t.atomic import atomic_write_text
 from b2t.decoding import EvalSummary, TrialResult
+from b2t.paths import DECODED_NAME, SUMMARY_NAME, TRIALS_NAME
 from b2t.phonemes import phoneme_string
 from b2t.text import words_of
 
-TRIALS_NAME, DECODED_NAME, SUMMARY_NAME = "trials.jsonl", "decoded.txt", "summary.json"
 N_SAMPLES = 3
 """Trials printed beside their references: the worst, the median and the best."""
 

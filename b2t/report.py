@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from b2t.errors import InputFileError, MissingInput
+from b2t.paths import SUMMARY_NAME
 from b2t.report_figure import Points, RunCurves
 from b2t.run_dir import RunDir, skipped_summary
 
@@ -82,7 +83,7 @@ def load_curves(run_dir: Path) -> tuple[RunCurves, str | None]:
 
 def load_eval(directory: Path, runs: list[tuple[Path, RunCurves]]) -> None:
     """Attach DIR/summary.json (a `b2t-eval --out DIR`) to the run whose checkpoint it evaluated."""
-    path = directory / "summary.json"
+    path = directory / SUMMARY_NAME
     try:
         summary = json.loads(path.read_text())
     except FileNotFoundError:

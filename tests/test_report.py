@@ -150,7 +150,7 @@ def test_an_eval_summary_adds_its_per_and_wer_per_session(tmp_path):
     assert len(bars.patches) == 9
     summary = (tmp_path / "ev" / "summary.json").read_bytes()
     result = CliRunner().invoke(main, [str(run), "--eval", str(tmp_path / "ev"), "-o", str(tmp_path / "ev" / "summary.json")])
-    assert result.exit_code == 2 and "--eval" in result.output, result.output
+    assert result.exit_code == 2 and "is b2t-eval's summary" in result.output, result.output
     assert (tmp_path / "ev" / "summary.json").read_bytes() == summary, "b2t-eval's output is kept"
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "summary.json").write_text(json.dumps({"checkpoints": ["/elsewhere/best.safetensors"]}))

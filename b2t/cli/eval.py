@@ -28,9 +28,6 @@ from b2t.engine.devices import use_compile_cache
 from b2t.ensemble import Member, evaluate_checkpoints
 from b2t.errors import InputFileError, UsageError
 from b2t.eval_output import (
-    DECODED_NAME,
-    SUMMARY_NAME,
-    TRIALS_NAME,
     merge_compilations,
     print_samples,
     print_summary,
@@ -38,7 +35,7 @@ from b2t.eval_output import (
     write_outputs,
 )
 from b2t.evaluate import WordRecipe, choose, decode_words, excluded_trials, rescore, submission_rows, tune_weights
-from b2t.paths import Place, RegularFile, refuse_clashes
+from b2t.paths import DECODED_NAME, SUMMARY_NAME, TRIALS_NAME, Place, RegularFile, refuse_clashes
 from b2t.run_lock import reading_dataset
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.nbest import Weights

@@ -19,13 +19,10 @@ import click
 from b2t.atomic import atomic_write_bytes
 from b2t.cli.rule import Command
 from b2t.errors import UsageError
-from b2t.eval_output import DECODED_NAME, SUMMARY_NAME, TRIALS_NAME
 from b2t.paths import Place, refuse_clashes
 from b2t.report import load_curves, load_eval
 from b2t.report_figure import render
 from b2t.run_dir import REPORT, RunDir
-
-EVAL_OUTPUTS = (SUMMARY_NAME, TRIALS_NAME, DECODED_NAME)  # what an --eval directory holds of b2t-eval's
 
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,8 +41,7 @@ def main(run_dirs: tuple[Path, ...], output: Path | None, evals: tuple[Path, ...
         if len(run_dirs) > 1:
             raise UsageError(f"{len(run_dirs)} runs overlaid need -o FILE.png (which run's folder would it go in?)")
         output = RunDir(run_dirs[0]).report
-    refuse_clashes([Place("-o", output)], [*(Place("RUN", RunDir(d).metrics) for d in run_dirs),
-                                           *(Place("--eval", d / name) for d in evals for name in EVAL_OUTPUTS)])
+    refuse_clashes([Place("-o", output)], [Place("RUN", RunDir(d).metrics) for d in run_dirs])
     runs = []
     for run_dir in run_dirs:
         run, note = load_curves(run_dir)
