@@ -10,14 +10,18 @@ evaluation's next commands and the tools all name these files through `RunDir`.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from b2t.atomic import is_temp_name
 from b2t.errors import B2tError
-from b2t.paths import METRICS_NAME
+from b2t.paths import BEST_NAME, LAST_NAME, METRICS_NAME
+from b2t.run_lock import RUN_LOCK
 
-LAST, BEST, METRICS, REPORT, TENSORBOARD = "last.safetensors", "best.safetensors", METRICS_NAME, "report.png", "tensorboard"
+LAST, BEST, METRICS, REPORT, TENSORBOARD = LAST_NAME, BEST_NAME, METRICS_NAME, "report.png", "tensorboard"
+_RANK_FILE = re.compile(r"metrics\.rank\d+\.jsonl|" + re.escape(RUN_LOCK.removesuffix(".lock")) + r"\.rank\d+\.lock")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,14 @@ class RunDir:
     def metrics_of(self, rank: int) -> Path:
         """The metrics log of one torchrun process (rank 0 writes the main one)."""
         return self.metrics if rank == 0 else self.path / f"metrics.rank{rank}.jsonl"
+
+    def foreign(self) -> list[str]:
+        """The sorted names in the directory that no b2t-train (nor b2t-report) writes: a new run
+        starts only where this is empty, so a mistyped RUN_DIR (the HDF5 folder, `.`) is refused
+        before the run's metrics.jsonl or checkpoints replace a file of the same name there."""
+        ours = {LAST, BEST, METRICS, REPORT, TENSORBOARD, RUN_LOCK}
+        return sorted(p.name for p in self.path.iterdir()
+                      if p.name not in ours and not _RANK_FILE.fullmatch(p.name) and not is_temp_name(p.name))
 
     def records(self, rank: int = 0) -> list[dict[str, Any]]:
         """The run's records (`read_records`: a last line cut short is dropped, any other bad line refused)."""

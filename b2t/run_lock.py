@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO
 
 from b2t.errors import B2tError
+from b2t.paths import MANIFEST_NAME
 
 DATASET_LOCK = ".b2t-preprocess.lock"
 RUN_LOCK = ".b2t-train.lock"
@@ -108,7 +109,11 @@ def shared(folder: Path, name: str, writer: str) -> Iterator[None]:
 
 
 def reading_dataset(dataset: Path) -> contextlib.AbstractContextManager[None]:
-    """The shared lock a reader (b2t-train, b2t-eval) holds on a b2t-preprocess output."""
+    """The shared lock a reader (b2t-train, b2t-eval) holds on a b2t-preprocess output. A folder
+    with no manifest is no dataset (yet): it gets no lock file, and the reader's own check
+    refuses it (b2t-preprocess removes the manifest first and writes it last)."""
+    if not (dataset / MANIFEST_NAME).exists():
+        return contextlib.nullcontext()
     return shared(dataset, DATASET_LOCK, "a b2t-preprocess")
 
 

@@ -67,6 +67,19 @@ def test_train_run_dir_under_a_file(a_file, tiny_dataset):
                     path=a_file)
 
 
+def test_train_on_a_folder_that_is_no_dataset_leaves_no_lock_file_in_it(tmp_path):
+    """The shared dataset lock was created before the folder was checked: a `.b2t-preprocess.lock`
+    stayed in the user's folder (e.g. the HDF5 sessions passed as DATASET)."""
+    folder = tmp_path / "hdf5"
+    folder.mkdir()
+    (folder / "t15.2023.08.11.hdf5").write_bytes(b"sessions")
+    result = CliRunner().invoke(train_main, [str(folder), str(tmp_path / "run"), "--config", str(TINY_CONFIG),
+                                             "--backend", "eager"])
+    assert result.exit_code == 2 and "manifest.json" in result.output, result.output
+    assert [p.name for p in folder.iterdir()] == ["t15.2023.08.11.hdf5"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_lm_output_under_a_file(a_file, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("a b c\nb c d\n")

@@ -63,6 +63,20 @@ def test_a_best_checkpoint_alone_is_kept_too(finished, tiny_dataset, tmp_path):
         train(tiny_dataset[1], run, _cfg("train.steps=4"), OPTS)
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_new_run_refuses_a_folder_of_other_files_and_leaves_it_as_it_was(tiny_dataset, tmp_path, resume):
+    """RUN_DIR mistyped as a folder of the user's (the HDF5 sessions, `.`): exit 0 before, with
+    last.safetensors, tensorboard/ and a metrics.jsonl written among them, a file of that name replaced."""
+    folder = tmp_path / "hdf5"
+    folder.mkdir()
+    (folder / "t15.2023.08.11.hdf5").write_bytes(b"sessions")
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirError, match=r"hdf5 is not empty and holds no b2t-train run \(notes.txt, "
+                                          r"t15.2023.08.11.hdf5\): .* choose a new or empty directory"):
+        train(tiny_dataset[1], folder, _cfg("train.steps=2"), replace(OPTS, resume=resume))
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "t15.2023.08.11.hdf5"]
+
+
 def test_a_run_stopped_before_its_first_step_starts_again(finished, tiny_dataset, tmp_path):
     """Only start-up records (a kill during the warm-up): nothing to lose, so no refusal either way."""
     run = tmp_path / "run"

@@ -53,7 +53,7 @@ from b2t.train.init_from import InitReport, init_from_checkpoint
 from b2t.train.interruptions import TrainingError
 from b2t.train.metrics_log import MetricsLog
 from b2t.train.rates import TRAINING, StepClock
-from b2t.train.resume import check_resumable, resume_or_start, resumed, this_rank
+from b2t.train.resume import RunDirError, check_resumable, resume_or_start, resumed, this_rank
 from b2t.train.summary import finished_summary, run_times
 from b2t.train.warmup_progress import PIECE_RECORD, CompileEstimates, Piece, WarmUpReport
 
@@ -267,7 +267,7 @@ def train(dataset: str | Path, run_dir: str | Path, cfg: Config, opts: RunOption
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = run_lock_name(this_rank())
         try:
-            with exclusive(run_dir, lock, "b2t-train"):
+            with exclusive(run_dir, lock, "b2t-train", refused=RunDirError):
                 return _train(data, RunDir(run_dir), cfg, opts)
         except BaseException:
             if created and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {lock}:

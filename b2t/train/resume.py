@@ -6,6 +6,9 @@ rank at a time). The rules, checked before anything is loaded or written:
   `last.safetensors` it asks for `--resume`; with `best.safetensors` or trained steps in
   the metrics log but no `last` (deleted, or moved) it is refused. Starting there would
   truncate the log and let the first validation overwrite `best` with a worse model.
+- A run that starts from scratch starts only in a new or empty directory, or one that
+  holds nothing but b2t-train's own files (`RunDir.foreign`): a RUN_DIR mistyped as the
+  HDF5 folder or `.` is refused before a file there is replaced.
 - `--resume` without `last.safetensors` starts from scratch only when the earlier run
   ended before its first checkpoint was due (kill -9 early on: nothing lost but those
   steps, which a fresh start repeats exactly); past that, `last` is missing and is refused.
@@ -27,6 +30,7 @@ from b2t.config import Config
 from b2t.data.dataset import Dataset
 from b2t.engine.checkpoint import TrainState, load_checkpoint, read_state
 from b2t.engine.parallel import Layout, torchrun_rank_world
+from b2t.paths import METRICS_NAME
 from b2t.run_dir import BEST, LAST, RunDir, scan_records
 from b2t.train.interruptions import TrainingError
 
@@ -72,12 +76,23 @@ def resume_or_start(run_dir: Path, cfg: Config, resume: bool, rank: int = 0) -> 
         raise RunDirError(f"{lost}: a new run here would overwrite them; choose a new run directory, or move "
                           "those files away (restore last.safetensors and pass --resume to continue that run)")
     if not resume:
+        _check_empty(run_dir)
         return False
     if finished or last_step >= cfg.train.checkpoint_every:
         raise RunDirError(f"{lost}, although a checkpoint was due by step {cfg.train.checkpoint_every}: it was "
                           f"deleted or moved; restore {last} to continue, or choose a new run directory")
+    _check_empty(run_dir)
     tqdm.write(f"note: no {last} yet (stopped before its first checkpoint): starting from scratch")
     return False
+
+
+def _check_empty(run_dir: Path) -> None:
+    """RunDirError where a run starting from scratch would write among files that are not b2t-train's."""
+    foreign = RunDir(run_dir).foreign()
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise RunDirError(f"{run_dir} is not empty and holds no b2t-train run ({shown}): a new run writes "
+                          f"{LAST}, {METRICS_NAME} and more there; choose a new or empty directory for RUN_DIR")
 
 
 FREE_ON_RESUME = ("steps", "val_every", "log_every", "checkpoint_every")
