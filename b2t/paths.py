@@ -9,7 +9,8 @@ with an input:
   own output folder as a session folder;
 - it would replace a file of another kind that holds work (a checkpoint, an HDF5 session
   file, a shard, a manifest, a metrics log, b2t-eval's outputs): `b2t-report RUN -o
-  RUN/best.safetensors`, or `-o EVAL/summary.json`.
+  RUN/best.safetensors`, or `-o EVAL/summary.json`; and a run's own checkpoints only b2t-train
+  replaces (`b2t-import-baseline -o RUN/last.safetensors` replaced the run's resumable state).
 An output replaces a file of its own kind as asked (a new LM over an old one).
 
 Inputs named on a command line are regular files (or folders where a folder is asked
@@ -33,9 +34,12 @@ WORK_SUFFIXES = {".safetensors": "a checkpoint", ".hdf5": "an HDF5 data file", "
                  ".tar": "a shard"}
 MANIFEST_NAME, METRICS_NAME = "manifest.json", "metrics.jsonl"
 """A dataset's manifest (`b2t.data.manifest`) and a run's metrics log (`b2t.run_dir`)."""
+LAST_NAME, BEST_NAME = "last.safetensors", "best.safetensors"
+"""A run's resumable and best checkpoints (`b2t.run_dir`): only b2t-train writes them."""
 TRIALS_NAME, DECODED_NAME, SUMMARY_NAME = "trials.jsonl", "decoded.txt", "summary.json"
 """What `b2t-eval --out DIR` writes (`b2t.eval_output`), and `b2t-report --eval DIR` reads."""
 WORK_NAMES = {MANIFEST_NAME: "a dataset manifest", METRICS_NAME: "a run's metrics log",
+              LAST_NAME: "a run's resumable checkpoint", BEST_NAME: "a run's best checkpoint",
               TRIALS_NAME: "b2t-eval's trials", DECODED_NAME: "b2t-eval's decoded trials",
               SUMMARY_NAME: "b2t-eval's summary"}
 """Files that hold work (by suffix, by name), which only an output of the same kind may replace."""

@@ -70,7 +70,7 @@ def test_an_output_never_replaces_work_of_another_kind(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 1.0}\n')
     (run / "best.safetensors").write_bytes(b"weights")
-    _refused(report_main, [run, "-o", run / "best.safetensors"], "exists and is a checkpoint")
+    _refused(report_main, [run, "-o", run / "best.safetensors"], "exists and is a run's best checkpoint")
     _refused(report_main, [run, "-o", run / "metrics.jsonl"], "is RUN")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat\n")
@@ -116,6 +116,11 @@ def test_import_baseline_onto_its_own_files(tmp_path):
     (tmp_path / "args.yaml").write_text("model: {}\n")
     _refused(import_main, [tmp_path, "-o", tmp_path / "best_checkpoint"], "is PATH")
     _refused(import_main, [tmp_path / "best_checkpoint", "-o", tmp_path / "args.yaml"], "is --args")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.safetensors").write_bytes(b"a run's resumable state")
+    _refused(import_main, [tmp_path, "-o", run / "last.safetensors"],  # exit 0: the run's state was gone
+             "exists and is a run's resumable checkpoint, which this command does not write")
 
 
 @pytest.mark.parametrize("which", ["config", "corpus", "lexicon", "init-from"])
