@@ -160,6 +160,13 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _require(self.lr > 0 and self.lr_day > 0, "optim.lr and optim.lr_day must be > 0")
+        _require(0 <= self.lr_min <= self.lr and 0 <= self.lr_day_min <= self.lr_day,
+                 f"optim.lr_min={self.lr_min} and optim.lr_day_min={self.lr_day_min} must be in 0..their peak "
+                 f"(lr={self.lr}, lr_day={self.lr_day})")
+        for name in ("beta1", "beta2"):
+            _require(0 <= getattr(self, name) < 1, f"optim.{name}={getattr(self, name)} must be in [0, 1) (AdamW)")
+        for name in ("eps", "weight_decay", "weight_decay_day", "grad_clip"):
+            _require(getattr(self, name) >= 0, f"optim.{name}={getattr(self, name)} must be >= 0")
         _require(0 <= self.warmup_steps <= self.decay_steps,
                  f"optim.warmup_steps={self.warmup_steps} must be in 0..decay_steps={self.decay_steps}")
 
@@ -229,7 +236,7 @@ SHARD_SHAPING_MODEL_KEYS = ("patch_size", "patch_stride")
 
 
 def _unknown(kind: str, key: str, known: Iterable[str]) -> ConfigError:
-    near = difflib.get_close_matches(key, list(known), n=1)
+    near = difflib.get_close_matches(str(key), list(known), n=1)  # a YAML key may be a number
     hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(sorted(known))}"
     return ConfigError(f"unknown {kind} {key!r}{hint}")
 
@@ -362,8 +369,9 @@ def parse_yaml(text: str, where: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply `section.key=value` strings (also `section.sub.key=value`; values parsed as YAML
-    scalars) to a raw dict."""
+    """Apply `section.key=value` strings (also `section.sub.key=value`; values parsed as YAML)
+    to a raw dict. A mapping value (`model.gru={n_units: 32}`) merges into the section key by
+    key, as a config file's `base:` does, rather than dropping the section's other keys."""
     out = copy.deepcopy(raw)
     for item in overrides:
         path, sep, value = item.partition("=")
@@ -378,7 +386,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             elif not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {k!r} is a value, not a section")
             node = child
-        node[keys[-1]] = parse_yaml(value, f"override {item!r}")
+        value = parse_yaml(value, f"override {item!r}")
+        both = isinstance(value, dict) and isinstance(node.get(keys[-1]), dict)
+        node[keys[-1]] = _merged(node[keys[-1]], value) if both else value
     return out
 
 

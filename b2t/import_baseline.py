@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,56 +117,62 @@ def _get(args: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-_ARGS_TO_CONFIG: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
-    # (args.yaml path, our section.key, conversion)
-    ("model.n_units", "model.gru.n_units", int),
-    ("model.n_layers", "model.gru.n_layers", int),
-    ("model.patch_size", "model.patch_size", int),
-    ("model.patch_stride", "model.patch_stride", int),
-    ("model.rnn_dropout", "model.gru.rnn_dropout", float),
-    ("model.input_network.input_layer_dropout", "model.input_dropout", float),
-    ("dataset.data_transforms.white_noise_std", "augment.white_noise_std", float),
-    ("dataset.data_transforms.constant_offset_std", "augment.constant_offset_std", float),
-    ("dataset.data_transforms.random_cut", "augment.max_start_cut", lambda v: max(int(v) - 1, 0)),  # randint(0, cut)
-    ("dataset.data_transforms.smooth_kernel_std", "augment.smooth_std", float),
-    ("dataset.batch_size", "data.batch_size", int),
-    ("dataset.days_per_batch", "data.days_per_batch", int),
-    ("lr_max", "optim.lr", float),
-    ("lr_min", "optim.lr_min", float),
-    ("lr_max_day", "optim.lr_day", float),
-    ("lr_min_day", "optim.lr_day_min", float),
-    ("lr_warmup_steps", "optim.warmup_steps", int),
-    ("lr_decay_steps", "optim.decay_steps", int),
-    ("beta0", "optim.beta1", float),
-    ("beta1", "optim.beta2", float),
-    ("epsilon", "optim.eps", float),
-    ("weight_decay", "optim.weight_decay", float),
-    ("weight_decay_day", "optim.weight_decay_day", float),
-    ("grad_norm_clip_value", "optim.grad_clip", float),
-    ("num_training_batches", "train.steps", int),
-    ("batches_per_val_step", "train.val_every", int),
-    ("seed", "train.seed", int),
+_ARGS_TO_CONFIG: tuple[tuple[str, str], ...] = (
+    # (args.yaml path, our section.key): the value as it is, checked against the key's type by the config
+    ("model.n_units", "model.gru.n_units"),
+    ("model.n_layers", "model.gru.n_layers"),
+    ("model.patch_size", "model.patch_size"),
+    ("model.patch_stride", "model.patch_stride"),
+    ("model.rnn_dropout", "model.gru.rnn_dropout"),
+    ("model.input_network.input_layer_dropout", "model.input_dropout"),
+    ("dataset.data_transforms.white_noise_std", "augment.white_noise_std"),
+    ("dataset.data_transforms.constant_offset_std", "augment.constant_offset_std"),
+    ("dataset.data_transforms.smooth_kernel_std", "augment.smooth_std"),
+    ("dataset.batch_size", "data.batch_size"),
+    ("dataset.days_per_batch", "data.days_per_batch"),
+    ("lr_max", "optim.lr"),
+    ("lr_min", "optim.lr_min"),
+    ("lr_max_day", "optim.lr_day"),
+    ("lr_min_day", "optim.lr_day_min"),
+    ("lr_warmup_steps", "optim.warmup_steps"),
+    ("lr_decay_steps", "optim.decay_steps"),
+    ("beta0", "optim.beta1"),
+    ("beta1", "optim.beta2"),
+    ("epsilon", "optim.eps"),
+    ("weight_decay", "optim.weight_decay"),
+    ("weight_decay_day", "optim.weight_decay_day"),
+    ("grad_norm_clip_value", "optim.grad_clip"),
+    ("num_training_batches", "train.steps"),
+    ("batches_per_val_step", "train.val_every"),
+    ("seed", "train.seed"),
 )
 """The baseline's args that have a b2t config key; everything else keeps b2t's default."""
 
 
-def config_from_args(args: Mapping[str, Any], base: Config) -> Config:
-    """`base` with every value the baseline's args.yaml sets (model sizes, augmentation, recipe)."""
+def config_from_args(args: Mapping[str, Any], base: Config, where: str | Path = ARGS_NAME) -> Config:
+    """`base` with every value the baseline's args.yaml (at `where`, named in errors) sets (model
+    sizes, augmentation, recipe); BaselineError naming the key where a value does not fit."""
     for path, want in (("model.n_input_features", 512), ("dataset.n_classes", 41)):
         if _get(args, path) not in (None, want):
-            raise BaselineError(f"args.yaml: {path}={_get(args, path)}, b2t's data contract has {want}")
+            raise BaselineError(f"{where}: {path}={_get(args, path)}, b2t's data contract has {want}")
     raw = base.to_dict()
-    for path, target, convert in _ARGS_TO_CONFIG:
+    for path, target in _ARGS_TO_CONFIG:
         value = _get(args, path)
         if value is not None:
             *sections, key = target.split(".")
             node = raw
             for section in sections:
                 node = node[section]
-            node[key] = convert(value)
+            node[key] = value
+    cut = _get(args, "dataset.data_transforms.random_cut")
+    if cut is not None:  # the baseline draws randint(0, cut); a value that is no integer is refused below
+        raw["augment"]["max_start_cut"] = max(cut - 1, 0) if type(cut) is int else cut
     if _get(args, "dataset.data_transforms.smooth_data") is False:
         raw["augment"]["smooth_std"] = 0.0
-    return config_from_dict(raw)
+    try:
+        return config_from_dict(raw)
+    except ConfigError as e:
+        raise BaselineError(f"{where}: a value does not fit b2t's config ({e}): correct it in the file") from None
 
 
 def sessions_from(path: str | Path) -> list[str]:
@@ -238,7 +244,7 @@ def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str 
     args = read_args(args_file) if args_path is not None or args_file.is_file() else None
     cfg = base or Config()
     if args is not None:
-        cfg = config_from_args(args, cfg)
+        cfg = config_from_args(args, cfg, args_file)
     baseline_sessions = args_sessions(args, args_file) if args is not None else None
     target = sessions_from(sessions_path) if sessions_path is not None else None
     if baseline_sessions is None and target is None:

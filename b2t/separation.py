@@ -46,6 +46,7 @@ from b2t.model.layers import patches
 from b2t.model.noise_separating import NoiseSeparatingDecoder
 from b2t.model.noise_separating.decoder import CLEAN_HEAD, NOISY_HEAD
 from b2t.model.registry import build_model
+from b2t.paths import file_kind
 
 GROUND_TRUTH_NAME = "ground_truth.hdf5"  # as preprocess.synth writes it (b2t does not import preprocess)
 
@@ -173,6 +174,33 @@ def trial_tally(ckpt: Checkpointed, day: int, features: np.ndarray, parts: dict[
     return tally
 
 
+def _hdf5(path: Path) -> h5py.File:
+    """`path` open for reading; DatasetError naming it where it is no HDF5 file (a folder, cut short)."""
+    if not path.is_file():
+        raise DatasetError(f"{path} is {file_kind(path)}, not an HDF5 file: pass a b2t-synth --ground-truth folder")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read as HDF5 ({e}): write it again with b2t-synth --ground-truth") from None
+
+
+def _parts(truth: h5py.File, key: str, shape: tuple[int, ...], truth_path: Path) -> dict[str, np.ndarray]:
+    """The trial `key`'s ground-truth parts (speech, nonspeech), each of the features' `shape`."""
+    if key not in truth:
+        raise DatasetError(f"{truth_path} has no {key}: it is not the ground truth of this dataset; "
+                           "write both with one b2t-synth --ground-truth")
+    parts = {}
+    for part in ("speech", "nonspeech"):
+        value = truth[key].get(part)
+        if not isinstance(value, h5py.Dataset) or value.shape != shape:
+            found = ("nothing" if value is None else
+                     f"shape {list(value.shape)}" if isinstance(value, h5py.Dataset) else "a group")
+            raise DatasetError(f"{truth_path}: {key}/{part} is {found}, expected the features' shape {list(shape)}: "
+                               "it is not the ground truth of this dataset")
+        parts[part] = value[()]
+    return parts
+
+
 def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
                       estimate: Estimator = noise_estimate) -> dict[str, Separation]:
     """Per session of the checkpoint found in `data` (a b2t-synth folder written with
@@ -180,24 +208,24 @@ def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
     if split not in ("train", "val"):
         raise UsageError(f"split {split!r} has no reference phonemes: choose train or val")
     truth_path = data / GROUND_TRUTH_NAME
-    if not truth_path.is_file():
+    if not truth_path.exists():
         raise MissingInput(f"{truth_path} does not exist: write the dataset with b2t-synth --ground-truth")
     total, out = Tally(), {}
-    with h5py.File(truth_path, "r") as truth:
+    with _hdf5(truth_path) as truth:
         for day, session in enumerate(ckpt.sessions):
             path = data / session / f"data_{split}.hdf5"
-            if session not in truth or not path.is_file():
-                continue  # a session without this split (or ground truth) has nothing to measure
+            if not path.is_file():
+                continue  # a session without this split has nothing to measure
+            if session not in truth:
+                raise DatasetError(f"{truth_path} has no session {session}, which {path} holds: it is not the "
+                                   "ground truth of this dataset; write both with one b2t-synth --ground-truth")
             tally = Tally()
-            with h5py.File(path, "r") as f:
+            with _hdf5(path) as f:
                 for name, g in f.items():
                     key = f"{session}/{split}/{name}"
-                    if key not in truth:
-                        raise DatasetError(f"{truth_path} has no {key}: it is not the ground truth of {path}; "
-                                           "write both with one b2t-synth --ground-truth")
-                    parts = {k: v[()] for k, v in truth[key].items()}
+                    features = g["input_features"][()]
                     n_labels = int(g.attrs["seq_len"])
-                    tally += trial_tally(ckpt, day, g["input_features"][()], parts,
+                    tally += trial_tally(ckpt, day, features, _parts(truth, key, features.shape, truth_path),
                                          g["seq_class_ids"][:n_labels].tolist(), estimate)
             out[session] = tally.result()
             total += tally

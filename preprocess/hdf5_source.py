@@ -147,7 +147,8 @@ def scan_file(
                 if not skip_bad:
                     raise
                 excluded.append(Exclusion(str(path), name, e.problem))
-            except (OSError, RuntimeError) as e:  # h5py's errors for corrupt storage
+            except (OSError, RuntimeError, KeyError) as e:  # h5py's errors for corrupt storage (KeyError: an
+                # object header it cannot decode, "Unable to synchronously open object")
                 raise DataError(path, name, f"cannot be read: {e}") from None
     if not refs:
         problem = f"all {len(excluded)} trials are bad" if excluded else "has no trial groups"

@@ -4,6 +4,7 @@ basic trial generator (`b2t-synth` writes them in `preprocess.synth`; the realis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
@@ -70,13 +71,14 @@ class SynthSpec:
             raise UsageError("need at least 1 session and 1 train trial per session; val/test counts >= 0")
         if self.trials_per_block < 1 or self.corpus_sentences < 0:
             raise UsageError("trials_per_block must be at least 1 and corpus_sentences at least 0")
-        if min(self.noise_std, self.drift_std, self.offset_std) < 0:
-            raise UsageError("noise_std, drift_std and offset_std must be >= 0")
+        stds = {"noise_std": self.noise_std, "drift_std": self.drift_std, "offset_std": self.offset_std}
+        if not all(0 <= v < math.inf for v in stds.values()):  # nan fails too
+            raise UsageError(f"noise_std, drift_std and offset_std must be finite and >= 0, got {stds}")
         if not 0 <= self.structured_noise_rank <= FEATURE_DIM:
             raise UsageError(f"structured_noise_rank must be 0 (off) to {FEATURE_DIM}, got {self.structured_noise_rank}")
-        if not (self.structured_noise_std >= 0 and self.structured_noise_timescale > 0):
+        if not (0 <= self.structured_noise_std < math.inf and 0 < self.structured_noise_timescale < math.inf):
             raise UsageError(
-                "structured_noise_std must be >= 0 and structured_noise_timescale > 0 (bins), "
+                "structured_noise_std must be finite and >= 0, and structured_noise_timescale finite and > 0 (bins), "
                 f"got {self.structured_noise_std} and {self.structured_noise_timescale}"
             )
 

@@ -51,6 +51,20 @@ def test_usage_errors_exit_2(name, args):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("name", "args"), [
+    ("b2t-eval", ["--word-score", "nan"]), ("b2t-eval", ["--lm-weight", "nan"]), ("b2t-eval", ["--sil-score", "inf"]),
+    ("b2t-eval", ["--neural-weight", "inf"]), ("b2t-synth", ["--noise-std", "nan"]), ("b2t-synth", ["--drift-std", "inf"]),
+    ("b2t-synth", ["--structured-noise-std", "inf"]),
+])
+def test_a_weight_or_std_that_is_not_finite_is_refused(name, args, tmp_path):
+    """click's float reads "nan" and "inf": the search ran (a NaN score per word), the synth wrote NaN data."""
+    operands = ["ckpt", "dataset"] if name == "b2t-eval" else [str(tmp_path / "synth")]
+    result = CliRunner().invoke(COMMANDS[name], [*operands, *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "finite" in result.output, result.output
+    assert not (tmp_path / "synth").exists()
+
+
 def help_invocations() -> list[tuple[str, list[str]]]:
     """Each command line (group subcommands included) with -h."""
     cases = []

@@ -63,6 +63,13 @@ def test_overrides_are_yaml_scalars():
     ("data.batch_size=10", "multiple of data.row_multiple"),
     ("model.patch_stride=20", "patch_stride=20 must be in 1..patch_size"),
     ("steps=3", "section.key=value"),
+    ("optim.beta1=2", r"optim.beta1=2.0 must be in \[0, 1\) \(AdamW\)"),  # these were AdamW's tracebacks (rc 70)
+    ("optim.beta2=1.5", r"optim.beta2=1.5 must be in \[0, 1\)"),
+    ("optim.eps=-1", r"optim.eps=-1.0 must be >= 0"),
+    ("optim.weight_decay=-0.1", r"optim.weight_decay=-0.1 must be >= 0"),  # these trained, silently wrong
+    ("optim.grad_clip=-5", r"optim.grad_clip=-5.0 must be >= 0"),
+    ("optim.lr_min=-1", r"optim.lr_min=-1.0 and optim.lr_day_min=0.0005 must be in 0..their peak"),
+    ("optim.lr_day_min=1", r"must be in 0..their peak \(lr=0.01, lr_day=0.01\)"),
 ])
 def test_invalid_values_say_how_to_fix(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -82,6 +89,21 @@ def test_invalid_values_say_how_to_fix(override, message):
 def test_values_are_checked_against_the_declared_types(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(CONFIGS / "tiny.yaml", [override])
+
+
+def test_a_mapping_override_merges_into_its_section():
+    """`--set model.gru={n_units: 32}` dropped the section's other keys (tiny's n_layers 2 and dropout)."""
+    cfg = load_config(CONFIGS / "tiny.yaml", ["model.gru={n_units: 32}"])
+    assert (cfg.model.gru.n_units, cfg.model.gru.n_layers, cfg.model.gru.rnn_dropout) == (32, 2, 0.1)
+    assert load_config(CONFIGS / "tiny.yaml", ["model.gru.n_units=32"]) == cfg
+
+
+def test_a_key_that_is_a_number_is_an_unknown_key(tmp_path):
+    """YAML reads `1:` as an integer key: the suggestion's difflib failed on it (a traceback, rc 70)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  1: 2\n")
+    with pytest.raises(ConfigError, match=r"unknown key in section 'train' 1; known: backend, "):
+        load_config(p)
 
 
 def test_ints_are_numbers_and_null_fits_optional_fields():

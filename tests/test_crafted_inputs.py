@@ -223,10 +223,11 @@ def test_a_key_given_twice_is_refused(tmp_path):
 
 
 def test_17_numbers_in_every_common_spelling(tmp_path):
-    (tmp_path / "c.yaml").write_text("optim:\n  lr: 1e-3\n  lr_day: .5\n  eps: -1E-4\n  grad_clip: 1.5e1\n")
-    cfg = load_config(tmp_path / "c.yaml", ["optim.lr_min=1e6", "optim.beta1=+5e-1"])
+    (tmp_path / "c.yaml").write_text("optim:\n  lr: 1e-3\n  lr_day: .5\n  eps: 1E-4\n  grad_clip: 1.5e1\n")
+    cfg = load_config(tmp_path / "c.yaml", ["optim.lr_min=1e-6", "optim.beta1=+5e-1"])
     o = cfg.optim
-    assert (o.lr, o.lr_day, o.eps, o.grad_clip, o.lr_min, o.beta1) == (1e-3, 0.5, -1e-4, 15.0, 1e6, 0.5)
+    assert (o.lr, o.lr_day, o.eps, o.grad_clip, o.lr_min, o.beta1) == (1e-3, 0.5, 1e-4, 15.0, 1e-6, 0.5)
+    assert parse_yaml("-1E-4", "x") == -1e-4  # no optim value may be negative, a number still may
     with pytest.raises(ConfigError, match="expected a number"):  # a word is still not a number
         load_config(None, ["optim.lr=1e"])
 
@@ -386,6 +387,15 @@ def test_13_a_manifest_that_is_a_json_list(tmp_path):
     with pytest.raises(ValueError, match=r"manifest.json is not a valid b2t manifest: the top level is a JSON list"):
         Manifest.load(tmp_path)
     assert verify(tmp_path).errors[0].endswith("the top level is a JSON list, expected an object")
+
+
+def test_13_a_manifest_whose_sessions_is_a_string(small, tmp_path):
+    """Read as a list of letters: sessions 't', '1', '5' ... (and "not distinct" at best)."""
+    raw = json.loads((small[1] / MANIFEST_NAME).read_text())
+    raw["sessions"] = "t15.2023.08.11"
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"not a valid b2t manifest: sessions is a JSON str, expected a list"):
+        Manifest.load(tmp_path)
 
 
 class NotAState:

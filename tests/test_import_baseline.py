@@ -208,6 +208,24 @@ def test_args_yaml_sets_model_augmentation_and_recipe():
         config_from_args({**baseline_args(), "dataset": {"n_classes": 40}}, Config())
 
 
+@pytest.mark.parametrize("path, value, message", [
+    ("model.n_layers", 2.7, r"model\.gru\.n_layers=2\.7 \(float\): expected an integer"),  # was cut to 2
+    ("model.n_units", "big", r"model\.gru\.n_units='big' \(str\): expected an integer"),  # rc 70
+    ("lr_max", [1], r"optim\.lr=\[1\] \(list\): expected a number"),  # rc 70
+    ("beta0", 2, r"optim\.beta1=2\.0 must be in \[0, 1\)"),
+    ("dataset.data_transforms.random_cut", 1.5, r"augment\.max_start_cut=1\.5 \(float\)"),
+])
+def test_a_bad_value_in_args_yaml_is_one_error_naming_the_file_and_key(path, value, message):
+    args = baseline_args()
+    *sections, key = path.split(".")
+    node = args
+    for section in sections:
+        node = node[section]
+    node[key] = value
+    with pytest.raises(BaselineError, match=r"^elsewhere\.yaml: a value does not fit b2t's config \(" + message):
+        config_from_args(args, Config(), "elsewhere.yaml")
+
+
 def test_without_args_yaml_the_sessions_and_sizes_must_be_given(tmp_path):
     ckpt = save_release(tmp_path / "release", reference_model())
     (ckpt.parent / "args.yaml").unlink()

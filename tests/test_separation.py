@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from b2t.config import AugmentConfig, GRUConfig, ModelConfig, NoiseSeparatingConfig
-from b2t.errors import MissingInput
+from b2t.errors import DatasetError, MissingInput
 from b2t.model.noise_separating import NoiseSeparatingDecoder
 from b2t.separation import Checkpointed, Tally, clean_space, separation_report
 from preprocess.synth import preset_spec, write_dataset
@@ -124,6 +124,50 @@ def test_report_refuses_data_without_ground_truth(tmp_path: Path) -> None:
         separation_report(ckpt, tmp_path)
     with pytest.raises(ValueError, match="no reference phonemes"):
         separation_report(ckpt, tmp_path, "test")
+
+
+def _damaged(data: Path, tmp_path: Path, damage) -> Path:  # noqa: ANN001  # a function of the truth file
+    import shutil
+
+    copy = tmp_path / "synth"
+    shutil.copytree(data, copy)
+    damage(copy / "ground_truth.hdf5")
+    return copy
+
+
+def _drop_session(truth: Path) -> None:
+    with h5py.File(truth, "a") as f:
+        del f[sorted(f)[1]]
+
+
+def _wrong_shape(truth: Path) -> None:
+    with h5py.File(truth, "a") as f:
+        g = f[f"{sorted(f)[0]}/val/trial_0000"]
+        del g["speech"]
+        g["speech"] = np.zeros((3, 512), np.float32)
+
+
+def _folder(truth: Path) -> None:
+    truth.unlink()
+    truth.mkdir()
+
+
+def _cut_short(truth: Path) -> None:
+    truth.write_bytes(truth.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (_drop_session, r"ground_truth.hdf5 has no session t15\.\S+, which .*data_val.hdf5 holds"),  # was skipped
+    (_wrong_shape, r"ground_truth.hdf5: t15\.\S+/val/trial_0000/speech is shape \[3, 512\], expected the "
+                   r"features' shape \[\d+, 512\]"),  # a broadcast traceback, rc 70
+    (_folder, r"ground_truth.hdf5 is a folder, not an HDF5 file"),  # "does not exist"
+    (_cut_short, r"ground_truth.hdf5: cannot be read as HDF5"),  # "a file:", no path
+])
+def test_a_ground_truth_that_is_not_this_datasets_is_named(data: Path, tmp_path: Path, damage, message) -> None:  # noqa: ANN001
+    copy = _damaged(data, tmp_path, damage)
+    ckpt = Checkpointed(tiny_model(), [p.name for p in sorted(copy.glob("t15.*"))], AugmentConfig())
+    with pytest.raises(DatasetError, match=message):
+        separation_report(ckpt, copy)
 
 
 def test_zero_estimate_ablation_holds_the_estimate_at_zero() -> None:

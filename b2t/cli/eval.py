@@ -18,6 +18,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from b2t.cli.options import Finite
 from b2t.cli.rule import Command
 from b2t.config import BACKENDS
 from b2t.data.dataset import Dataset
@@ -200,13 +201,13 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
               help="Spell the greedy phonemes into the nearest lexicon words (no search, no LM): the baseline to beat.")
 @click.option("--beam-size", type=click.IntRange(min=1), default=BeamOptions.beam_size, show_default=True,
               help="Hypotheses kept after each frame.")
-@click.option("--beam-threshold", type=click.FloatRange(min=0, min_open=True), default=BeamOptions.beam_threshold,
+@click.option("--beam-threshold", type=Finite(min=0, min_open=True), default=BeamOptions.beam_threshold,
               show_default=True, help="Drop hypotheses this far below the best of a frame.")
-@click.option("--lm-weight", type=click.FloatRange(min=0), default=BeamOptions.lm_weight, show_default=True,
+@click.option("--lm-weight", type=Finite(min=0), default=BeamOptions.lm_weight, show_default=True,
               help="Scale of the LM's log10 word probabilities against the log phoneme probabilities.")
-@click.option("--word-score", type=float, default=BeamOptions.word_score, show_default=True,
+@click.option("--word-score", type=Finite(), default=BeamOptions.word_score, show_default=True,
               help="Added per word (higher favours more, shorter words).")
-@click.option("--sil-score", type=float, default=BeamOptions.sil_score, show_default=True,
+@click.option("--sil-score", type=Finite(), default=BeamOptions.sil_score, show_default=True,
               help="Added per SIL (word boundary) frame.")
 @click.option("--nbest", type=click.IntRange(min=1), default=None,
               help=f"Word hypotheses kept per trial, with their scores, in {TRIALS_NAME} [default: 1; "
@@ -215,7 +216,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
               help="Rescore the n-best with the causal LM in this local Hugging Face directory (OPT, Llama, Mistral, "
                    "GPT-2 ...; nothing is downloaded): score = acoustic + lm_weight x n-gram + neural_weight x "
                    "neural LM + word_score x words. Needs the `rescore` extra.")
-@click.option("--neural-weight", type=click.FloatRange(min=0), default=0.5, show_default=True,
+@click.option("--neural-weight", type=Finite(min=0), default=0.5, show_default=True,
               help="Scale of the --rescore LM's natural-log sentence probabilities.")
 @click.option("--rescore-batch", type=click.IntRange(min=1), default=16, show_default=True,
               help="Hypotheses per forward pass of the --rescore LM.")
@@ -226,7 +227,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
                    f"split's n-best lists (no new search per point; the untuned weights are a point and win ties), "
                    f"kept only when their gain over the untuned weights is not chance (see --tune-alpha); writes "
                    f"--out DIR/{WEIGHTS_NAME} for --weights.")
-@click.option("--tune-alpha", type=click.FloatRange(min=0, max=1), default=ALPHA, show_default=True,
+@click.option("--tune-alpha", type=Finite(min=0, max=1), default=ALPHA, show_default=True,
               help="--tune replaces the untuned weights only when a paired sign-flip test over the trials gives its "
                    "gain a chance below this; a small val split's few-word gains often reverse on test. "
                    "1 takes the best point always.")

@@ -3,12 +3,27 @@ and the one way they make the run's config."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
 
 from b2t.config import BACKENDS, Config, load_config
 from b2t.paths import RegularFile
+
+
+class Finite(click.FloatRange):
+    """A float option (in a range, as click.FloatRange) that refuses nan and inf, which click's
+    float reads from "nan" and "inf" and which no weight, score or std of b2t means."""
+
+    name = "finite number"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]  # click's signature
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
 
 config_option = click.option(
     "--config", "config_path", type=RegularFile(),

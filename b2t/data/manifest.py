@@ -163,6 +163,9 @@ class Manifest:
             raise DatasetError(f"the top level is a JSON {type(d).__name__}, expected an object")
         if d.get("version") != FORMAT_VERSION:
             raise DatasetError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
+        for key in ("sessions", "warnings"):  # list() would read a string as its letters
+            if not isinstance(d.get(key, []), list):
+                raise DatasetError(f"{key} is a JSON {type(d[key]).__name__}, expected a list")
         m = cls(
             sessions=list(d["sessions"]),
             buckets=[BucketShape.from_dict(b) for b in d["buckets"]],

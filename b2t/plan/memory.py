@@ -32,6 +32,7 @@ S = 2L + 1 CTC states, C = 41 classes.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -274,8 +275,8 @@ def parse_bytes(text: str) -> int:
         value = float(number) * scale
     except ValueError:
         raise UsageError(f"cannot read {text!r} as a memory size: write e.g. 16GiB or 512MiB") from None
-    if value <= 0:
-        raise UsageError(f"memory size must be > 0, got {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"memory size must be a finite size > 0, got {text!r}: write e.g. 16GiB or 512MiB")
     return int(value)
 
 

@@ -61,8 +61,10 @@ class BeamOptions:
             raise UsageError(f"beam_size_token must be in 1..{N_CLASSES}, got {self.beam_size_token}")
         if not self.beam_threshold > 0:
             raise UsageError(f"beam_threshold must be > 0, got {self.beam_threshold}")
-        if not self.lm_weight >= 0:
-            raise UsageError(f"lm_weight must be >= 0, got {self.lm_weight}")
+        if not 0 <= self.lm_weight < math.inf:
+            raise UsageError(f"lm_weight must be a finite number >= 0, got {self.lm_weight}")
+        if not (math.isfinite(self.word_score) and math.isfinite(self.sil_score)):
+            raise UsageError(f"word_score and sil_score must be finite, got {self.word_score} and {self.sil_score}")
 
 
 def load_lm(path: str | Path, word_dict: Dictionary | None = None) -> KenLM:

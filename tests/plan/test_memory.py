@@ -126,6 +126,9 @@ def test_memory_sizes_parse(text, n):
 def test_bad_memory_size_says_how_to_write_it():
     with pytest.raises(ValueError, match="write e.g. 16GiB"):
         parse_bytes("sixteen gigs")
+    for text in ("1e999GiB", "infGiB", "nanGiB"):  # an OverflowError's traceback, or a plan for nan bytes
+        with pytest.raises(ValueError, match=f"memory size must be a finite size > 0, got '{text}'"):
+            parse_bytes(text)
 
 
 def test_b2t_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):

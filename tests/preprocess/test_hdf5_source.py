@@ -85,6 +85,17 @@ def test_not_hdf5(tmp_path: Path, content: bytes) -> None:
     assert "cannot be read as HDF5" in str(scan_error(path, trial=None))
 
 
+def test_a_damaged_object_header_names_its_trial(train_file: Path) -> None:
+    """h5py raises KeyError for a trial group whose header it cannot decode: it came out as an
+    internal error (rc 70) rather than the file and trial."""
+    with h5py.File(train_file, "r") as f:
+        where = h5py.h5o.get_info(f["trial_0001"].id).addr
+    data = bytearray(train_file.read_bytes())
+    data[where:where + 16] = b"\xff" * 16
+    train_file.write_bytes(bytes(data))
+    assert "cannot be read: 'Unable to synchronously open object" in str(scan_error(train_file))
+
+
 def test_truncated(train_file: Path) -> None:
     data = train_file.read_bytes()
     train_file.write_bytes(data[: len(data) // 2])

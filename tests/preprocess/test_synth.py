@@ -331,8 +331,8 @@ def test_structured_noise_has_the_requested_rank_std_and_timescale(
     [
         (["--structured-noise-rank", "-1"], "structured_noise_rank must be 0 (off) to 512, got -1"),
         (["--structured-noise-rank", "513"], "structured_noise_rank must be 0 (off) to 512, got 513"),
-        (["--structured-noise-std", "-0.5"], "structured_noise_std must be >= 0"),
-        (["--structured-noise-timescale", "0"], "structured_noise_timescale > 0 (bins)"),
+        (["--structured-noise-std", "-0.5"], "structured_noise_std must be finite and >= 0"),
+        (["--structured-noise-timescale", "0"], "structured_noise_timescale finite and > 0 (bins)"),
         (["--structured-noise-rank", "two"], "'two' is not a valid integer"),
     ],
 )
