@@ -11,6 +11,8 @@ until the process has exited (`signals.hold`).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 
 from b2t import signals
@@ -39,8 +41,18 @@ def _launch(name: str) -> None:
     signals.install(name)
     try:
         command(name)()
+    except OSError as e:  # outside the command's rule: click writing --help or a usage error to a full stdout
+        _unwritable_output(name, e)
     finally:
         signals.hold()  # the command is done: nothing is left to stop while the process exits
+
+
+def _unwritable_output(name: str, e: OSError) -> None:
+    """One line and exit 2 for `b2t-x --help > /dev/full` (a traceback, then another at exit)."""
+    sys.stderr.write(f"error: {name}: cannot write its output: {e.strerror or e} (free space on that disk, or "
+                     "send the output elsewhere)\n")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes to nowhere
+    sys.exit(2)
 
 
 def synth() -> None:

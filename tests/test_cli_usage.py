@@ -81,6 +81,26 @@ def test_every_command_takes_dash_h(name, args):
     assert result.exit_code == 0 and "Usage:" in result.output, (name, args, result.output)
 
 
+def test_a_negative_compile_limit_is_refused_before_start_up(tmp_path):
+    """`--max-compiles -1` was refused by the run, after loading the data and the model."""
+    result = CliRunner().invoke(COMMANDS["b2t-train"], ["--max-compiles", "-1", str(tmp_path), str(tmp_path / "run")])
+    assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output, result.output
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["--help"], ["build", "--help"]])
+def test_help_to_a_full_disk_is_one_line(args):
+    """`b2t-lm --help > /dev/full` printed two tracebacks (click's echo, then the exit's flush)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-c", "from b2t.launch import lm; lm()", *args], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "No space left on device" in proc.stderr, proc.stderr
+
+
 def test_input_errors_exit_2(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")

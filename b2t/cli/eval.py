@@ -189,7 +189,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help=f"Directory for {TRIALS_NAME} (per trial), {DECODED_NAME} (every trial, readable) and "
                    f"{SUMMARY_NAME} (PER/WER tables, compilations, times); --tune also writes {WEIGHTS_NAME}.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, readable=False, path_type=Path), default=None,
               help="Write the competition submission (id,text; one row per trial) here. Needs words.")
 @click.option("--lexicon", type=RegularFile(), default=None,
               help="Decode words with this lexicon (`word PH1 PH2 ...` lines, e.g. from `b2t-lm lexicon`).")

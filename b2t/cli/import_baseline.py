@@ -15,7 +15,7 @@ from b2t.paths import Place, RegularFile, refuse_clashes
 
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", type=RegularFile(dir_okay=True))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=Path), required=True,
               help="The b2t checkpoint (.safetensors) to write.")
 @click.option("--sessions-from", "sessions_path", type=RegularFile(dir_okay=True), default=None,
               help="A b2t-preprocess output (or an args.yaml) whose session list numbers the output's day layers "

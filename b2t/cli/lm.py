@@ -20,7 +20,8 @@ def _read_corpus(path: Path) -> list[str]:
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise InputFileError(f"{path}: not UTF-8 text (byte {e.start}): expected a corpus, one sentence per line") from e
+        raise InputFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}): expected a "
+                             "corpus, one sentence per line") from None
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +31,7 @@ def main() -> None:
 
 @main.command()
 @click.argument("corpus", type=RegularFile())
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=Path), required=True,
               help=f"LM file to write: a KenLM binary if its name ends in {' or '.join(BINARY_SUFFIXES)} (b2t-eval "
                    "loads it at once; needs KenLM's build_binary, which `make install` builds), else ARPA text.")
 @click.option("--order", type=click.IntRange(min=1), default=3, show_default=True, help="n-gram order.")
@@ -40,8 +41,9 @@ def build(corpus: Path, output: Path, order: int) -> None:
     Either file is written whole or not at all: b2t-eval never reads half a model.
     """
     refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus)])
+    sentences = _read_corpus(corpus)  # its error names the file
     try:
-        arpa = build_arpa(_read_corpus(corpus), order=order)
+        arpa = build_arpa(sentences, order=order)
     except B2tError as e:
         raise type(e)(f"{corpus}: {e}") from e
     if output.suffix in BINARY_SUFFIXES:
@@ -54,7 +56,7 @@ def build(corpus: Path, output: Path, order: int) -> None:
 
 @main.command()
 @click.argument("corpus", type=RegularFile())
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=Path), required=True,
               help="Lexicon file to write (`word PH1 PH2 ...` lines).")
 @click.option("--source", type=RegularFile(), default=None,
               help="Lexicon file to take pronunciations from [default: the CMU pronouncing dictionary].")

@@ -28,7 +28,7 @@ from b2t.run_dir import REPORT, RunDir
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dirs", metavar="RUN...", nargs=-1, required=True,
                 type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=Path), default=None,
               help=f"PNG to write [default: RUN/{REPORT} for one RUN; required for several].")
 @click.option("--eval", "evals", multiple=True, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="A b2t-eval --out directory of one RUN's checkpoint: its PER and WER per session are drawn "

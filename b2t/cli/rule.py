@@ -31,8 +31,8 @@ _HINTS = {
     errno.EEXIST: "it already exists as another kind of file: choose another path",
     errno.EISDIR: "it is a directory, where a file is expected",
     errno.ENOENT: "it does not exist",
-    errno.EACCES: "permission denied: choose a path you can write, or fix its permissions",
-    errno.EPERM: "permission denied: choose a path you can write, or fix its permissions",
+    errno.EACCES: "permission denied: fix its permissions, or choose another path",
+    errno.EPERM: "permission denied: fix its permissions, or choose another path",
     errno.EROFS: "the file system is read-only: choose another path",
     errno.ENOSPC: "the disk is full: free space, then run the same command again",
 }
@@ -55,7 +55,7 @@ def internal_error_line(e: BaseException) -> str:
 
 def os_error_line(e: OSError) -> str:
     """`path: reason (what to do)` for an OSError, e.g. from mkdir under a regular file."""
-    where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None) or "a file"
+    where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None) or "the output"
     reason = e.strerror or str(e)
     hint = _HINTS.get(e.errno or 0)
     return f"{where}: {reason}" + (f" ({hint})" if hint else "")

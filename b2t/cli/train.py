@@ -25,7 +25,7 @@ from b2t.paths import Place, RegularFile, refuse_clashes
 @click.option("--verify-data", is_flag=True,
               help="Check the sha256 of every train and val shard against the manifest before training (reads every "
                    "shard once; presence and sizes are always checked).")
-@click.option("--max-compiles", type=int, default=None,
+@click.option("--max-compiles", type=click.IntRange(min=0), default=None,
               help="Fail the run as soon as XLA has compiled more graphs than this, checked during the warm-up and at "
                    "every log (a recompilation guard for CI).")
 @click.option("--device", default=None, help="Device override, e.g. cuda:1 (default: the backend's first device).")
