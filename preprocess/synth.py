@@ -204,7 +204,9 @@ def read_spec(out: Path) -> SynthSpec | None:
 @click.option("--noise-std", default=SynthSpec.noise_std, show_default=True, help="Higher is harder to decode.")
 @click.option("--drift-std", default=SynthSpec.drift_std, show_default=True, help="Per-session channel mixing.")
 @click.option("--offset-std", default=SynthSpec.offset_std, show_default=True, help="Per-session channel offset.")
-@click.option("--corpus-sentences", default=SynthSpec.corpus_sentences, show_default=True)
+@click.option("--corpus-sentences", default=SynthSpec.corpus_sentences, show_default=True,
+              help="Sentences of corpus.txt, the text `b2t-lm build` makes an n-gram LM of (0: an empty corpus.txt, "
+                   "for data decoded without one).")
 @click.option(
     "--structured-noise-rank",
     default=SynthSpec.structured_noise_rank,
