@@ -91,6 +91,8 @@ def _read(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict
         raise MissingInput(f"checkpoint {path} not found")
     if (why := not_regular(path)) is not None:
         raise CheckpointError(f"{why}: expected a b2t checkpoint")
+    with open(path, "rb"):  # the OS's own error (EACCES names the path); safetensors reports it as "No such file"
+        pass
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get("b2t", "{}"))

@@ -77,6 +77,27 @@ def test_damaged_file_is_a_clear_error(tmp_path):
         load_checkpoint(path, model, opt)
 
 
+def test_a_checkpoint_the_user_cannot_read_is_the_os_error_naming_it(tmp_path, monkeypatch):
+    """safetensors said "No such file or directory" for a file without read permission. (The
+    suite may run as root, which chmod cannot keep out, so the refusal is the OS's, simulated.)"""
+    import builtins
+
+    import b2t.engine.checkpoint as checkpoint
+
+    model, opt = _model_and_optimizer(0)
+    path = save_checkpoint(tmp_path / "c.safetensors", model, opt, TrainState())
+
+    def denied(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(file, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "open", denied, raising=False)
+    with pytest.raises(PermissionError) as caught:
+        load_checkpoint(path, model, opt)
+    assert caught.value.filename == str(path)
+
+
 def test_non_finite_weights_are_never_written_and_the_error_names_the_last_finite(tmp_path):
     model, opt = _model_and_optimizer(0)
     _train(model, opt, 2)
