@@ -130,6 +130,11 @@ class ModelConfig:
         _require(0.0 <= self.input_dropout < 1.0, "model.input_dropout must be in [0, 1)")
 
 
+MAX_SMOOTH_STD = 39.8
+"""Above this (39.897) every tap of the normalised smoothing kernel is at or below 0.01, the
+reference's threshold (`b2t.engine.augment.gaussian_kernel`), and the kernel is empty."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AugmentConfig:
     white_noise_std: float = 1.0  # per bin and channel, training only
@@ -141,6 +146,9 @@ class AugmentConfig:
         _require(min(self.white_noise_std, self.constant_offset_std, self.smooth_std) >= 0,
                  "augment stds must be >= 0")
         _require(self.max_start_cut >= 0, "augment.max_start_cut must be >= 0")
+        _require(self.smooth_std <= MAX_SMOOTH_STD,
+                 f"augment.smooth_std={self.smooth_std} must be at most {MAX_SMOOTH_STD} bins: a wider Gaussian "
+                 "has no kernel tap above 0.01, the reference's threshold (0 turns smoothing off)")
 
 
 @dataclass(frozen=True, kw_only=True)

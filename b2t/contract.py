@@ -65,6 +65,11 @@ FIELDS: dict[str, Field] = {
 """Every tensor of a batch, in every split (test batches carry zero-length labels)."""
 
 
+MAX_DIM = 2**20
+"""The largest T, B or L a bucket may have: far above any real one (T is at most a few
+thousand bins), far below where a batch's element count overflows."""
+
+
 @dataclass(frozen=True, order=True)
 class BucketShape:
     """The shape of every batch of one bucket: T time bins, B rows, L label slots."""
@@ -85,7 +90,13 @@ class BucketShape:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, int]) -> BucketShape:
-        return cls(T=int(d["T"]), B=int(d["B"]), L=int(d["L"]))
+        """The bucket `d` describes; DatasetError for a size that is not an integer in 1..MAX_DIM
+        (int() read "206" and 206.5 as sizes, true as 1, and 10**30 overflowed in torch)."""
+        dims = {k: d[k] for k in ("T", "B", "L")}
+        bad = [f"{k}={v!r}" for k, v in dims.items() if type(v) is not int or not 1 <= v <= MAX_DIM]
+        if bad:
+            raise DatasetError(f"bucket {dict(d)}: {', '.join(bad)}: expected integers in 1..{MAX_DIM}")
+        return cls(**dims)
 
 
 def check_batch(batch: Mapping[str, torch.Tensor], shape: BucketShape) -> None:

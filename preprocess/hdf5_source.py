@@ -158,9 +158,12 @@ def scan_file(
 
 def _trial_names(f: h5py.File, path: Path) -> list[str]:
     """The trial groups in trial order; any other top-level object is an error, not ignored."""
+    seen: dict[int, str] = {}
     for name in f:
         if not TRIAL_GROUP.fullmatch(name):
             raise DataError(path, name, "unexpected top-level object (a file holds only trial_NNNN groups)")
+        if (other := seen.setdefault(trial_number(name), name)) != name:  # trial_00 and trial_0000: one trial twice
+            raise DataError(path, name, f"has the trial number of {other}: each trial group names one trial")
     return sorted(f, key=trial_number)
 
 

@@ -195,7 +195,7 @@ def read_spec(out: Path) -> SynthSpec | None:
 @click.option("--train-trials", default=SynthSpec.train_trials, show_default=True, help="Per session.")
 @click.option("--val-trials", default=SynthSpec.val_trials, show_default=True, help="Per session (0: no file).")
 @click.option("--test-trials", default=SynthSpec.test_trials, show_default=True, help="Per session (0: no file).")
-@click.option("--seed", default=SynthSpec.seed, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=SynthSpec.seed, show_default=True)
 @click.option("--words", nargs=2, type=int, default=SynthSpec.words, show_default=True, help="Words per sentence.")
 @click.option("--bins-per-phoneme", nargs=2, type=int, default=SynthSpec.bins_per_phoneme, show_default=True,
               help="Bins each phoneme is held (longer trials: see the module docstring).")

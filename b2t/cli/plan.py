@@ -66,7 +66,7 @@ def _plan_text(dataset: Path | None, cfg: Config, device_memory: str | None) -> 
     from b2t.engine.devices import device_count
     from b2t.plan.memory import format_plan, parse_bytes, plan_memory
 
-    buckets, n_days, source = _plan_data(dataset)
+    buckets, n_days, source = _plan_data(dataset, cfg)
     from b2t.engine.backend import backend_class
 
     xla = backend_class(cfg.train.backend).xla
@@ -84,18 +84,19 @@ def _tpu_check_text(dataset: Path | None, cfg: Config, target: str, fit: bool, j
     from b2t.plan.targets import parse_target
 
     chosen = parse_target(target)
-    buckets, n_days, source = _plan_data(dataset)
+    buckets, n_days, source = _plan_data(dataset, cfg)
     text = run_check(chosen, cfg, buckets, n_days, lambda what: click.echo(what, err=True), fit=fit,
                      jobs=jobs or default_jobs())
     return f"checking for {source} ({n_days} sessions, {len(buckets)} buckets)\n" + text
 
 
-def _plan_data(dataset: Path | None) -> tuple[list, int, str]:
-    """(buckets, sessions, what they are) of DATASET's manifest, else of the competition data."""
+def _plan_data(dataset: Path | None, cfg: Config) -> tuple[list, int, str]:
+    """(buckets, sessions, what they are) of DATASET's manifest, else of the competition data;
+    a DATASET the config cannot train on (other patching) is refused, as b2t-train would."""
     from b2t.data.dataset import Dataset
     from b2t.plan.memory import COMPETITION_BUCKETS, COMPETITION_DAYS
 
     if dataset is None:
         return list(COMPETITION_BUCKETS), COMPETITION_DAYS, "no DATASET: the Brain-to-Text '25 data"
-    data = Dataset.open(dataset)
+    data = Dataset.open(dataset, cfg)
     return data.buckets, len(data.sessions), str(dataset)

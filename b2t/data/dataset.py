@@ -40,6 +40,7 @@ class Dataset:
         notes = []
         if cfg is not None:
             manifest.check_patching(cfg.model)
+            manifest.check_start_cut(cfg.augment.max_start_cut)
             notes += manifest.config_differences(cfg.data)
         t0 = time.perf_counter()
         problems = manifest.shard_problems(root, splits, sha256=verify) if splits else []

@@ -129,8 +129,8 @@ class Manifest:
 
     def patching(self) -> tuple[int, int]:
         """(patch_size, patch_stride) the buckets were aligned to (the manifest's model section)."""
-        model = self.config.get("model", {}) if isinstance(self.config, dict) else {}
-        size, stride = model.get("patch_size"), model.get("patch_stride")
+        model = self.config.get("model") if isinstance(self.config, dict) else None
+        size, stride = (model.get("patch_size"), model.get("patch_stride")) if isinstance(model, dict) else (None, None)
         if not (isinstance(size, int) and isinstance(stride, int) and 1 <= stride <= size):
             raise DatasetError(f"model.patch_size={size!r}, patch_stride={stride!r}: expected integers, 1 <= stride <= size")
         return size, stride
@@ -144,6 +144,14 @@ class Manifest:
                 raise DatasetError(
                     f"model.{key}={getattr(model, key)} but the shards were bucketed for {key}={used[key]}: "
                     "re-run b2t-preprocess with this config or use the config the shards were made with")
+
+    def check_start_cut(self, max_start_cut: int) -> None:
+        """augment.max_start_cut must leave trials of the shortest bucket something to train on
+        (a cut of every bin trained on empty rows without a word)."""
+        shortest = min((b.T for b in self.buckets), default=None)
+        if shortest is not None and max_start_cut >= shortest:
+            raise DatasetError(f"augment.max_start_cut={max_start_cut} cuts whole trials: the shortest bucket holds "
+                               f"trials of at most {shortest} bins; choose a cut of a few bins (the baseline's is 2)")
 
     def config_differences(self, data: Any) -> list[str]:
         """A note when the `data` config section (a DataConfig) differs from the one the shards
@@ -162,8 +170,9 @@ class Manifest:
         if not isinstance(d, dict):
             raise DatasetError(f"the top level is a JSON {type(d).__name__}, expected an object")
         if d.get("version") != FORMAT_VERSION:
-            raise DatasetError(f"manifest format version {d.get('version')} is not {FORMAT_VERSION}: re-run b2t-preprocess")
-        for key in ("sessions", "warnings"):  # list() would read a string as its letters
+            raise DatasetError(f"manifest format version {d.get('version')!r} is not {FORMAT_VERSION}: "
+                               "re-run b2t-preprocess")
+        for key in ("sessions", "buckets", "shards", "exclusions", "warnings"):  # list() reads a string as letters
             if not isinstance(d.get(key, []), list):
                 raise DatasetError(f"{key} is a JSON {type(d[key]).__name__}, expected a list")
         m = cls(
@@ -176,15 +185,27 @@ class Manifest:
             exclusions=[Exclusion(**e) for e in d["exclusions"]],
             warnings=list(d.get("warnings", [])),
         )
-        if not all(isinstance(x, str) for x in m.sessions) or len(set(m.sessions)) != len(m.sessions):
-            raise DatasetError("sessions must be distinct session names")
+        if not m.sessions or not all(isinstance(x, str) for x in m.sessions) or len(set(m.sessions)) != len(m.sessions):
+            raise DatasetError("sessions must be a non-empty list of distinct session names")
         if not all(isinstance(x, dict) for x in (m.splits, m.config)):
             raise DatasetError("splits and config must be JSON objects")
-        if any(min(b.T, b.B, b.L) < 1 for b in m.buckets):
-            raise DatasetError("every bucket needs T, B and L >= 1")
+        m.patching()  # the model section the buckets were aligned to, read by every run
+        m.check_listing()
         if d.get("fields", {}) and {k: v["dtype"] for k, v in d["fields"].items()} != m.dtypes():
             raise DatasetError("manifest field dtypes differ from this b2t's batch contract: re-run b2t-preprocess")
         return m
+
+    def check_listing(self) -> None:
+        """Each shard listed once, and each split's shards holding the batches its stats count:
+        a shard listed twice trained twice as often, and b2t-train read it without a word."""
+        names = [s.name for s in self.shards]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise DatasetError(f"shard {twice[0]} is listed {names.count(twice[0])} times")
+        for split, stats in self.splits.items():
+            listed = sum(s.n_batches for s in self.shards_of(split))
+            if listed != stats["n_batches"]:
+                raise DatasetError(f"split {split}: its shards hold {listed} batches, its stats say {stats['n_batches']}")
 
     def save(self, directory: str | Path) -> Path:
         """Write atomically (temp file + rename), so readers see the old or the new manifest."""

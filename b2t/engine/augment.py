@@ -43,11 +43,12 @@ def gaussian_kernel(std: float, device: torch.device | str = "cpu") -> Tensor:
         raise ConfigError(f"smoothing std must be > 0, got {std} (augment.smooth_std = 0 turns smoothing off)")
     radius = int(_TRUNCATE_STDS * std + 0.5)
     w = [math.exp(-0.5 * (x / std) ** 2) for x in range(-radius, radius + 1)]
-    w = [v / sum(w) for v in w]
-    w = [v for v in w if v > _MIN_TAP]  # the Gaussian is unimodal, so the kept taps stay contiguous and centred
+    total = sum(w)
+    w = [v / total for v in w if v / total > _MIN_TAP]  # the Gaussian is unimodal: the kept taps stay centred
     if not w:
         raise ConfigError(f"smoothing std {std} is too wide: every kernel tap is below {_MIN_TAP}")
-    return torch.tensor([v / sum(w) for v in w], dtype=torch.float32, device=device)
+    kept = sum(w)
+    return torch.tensor([v / kept for v in w], dtype=torch.float32, device=device)
 
 
 def smooth(features: Tensor, kernel: Tensor) -> Tensor:

@@ -61,10 +61,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         fallbacks = json.dumps(final["fallbacks"]) if final["fallbacks"] else "none"
         lines.append(f"XLA compilations: {final['compilations']} ({summary['buckets']} buckets), "
                      f"{'none' if after == 0 else after} after the warm-up; host fallbacks: {fallbacks}")
-    checkpoint = run.best if best is not None and math.isfinite(best) else run.last
+    validated = best is not None and math.isfinite(best)
+    checkpoint, split = (run.best, "val") if validated else (run.last, "SPLIT")
     lines += ["next:",
               f"  b2t-report {run.path}    # the learning curves: {run.report}",
-              f"  b2t-eval {checkpoint} {dataset} --split val --out {run.path / 'eval_val'}    # PER per session; "
+              f"  b2t-eval {checkpoint} {dataset} --split {split} --out {run.path / f'eval_{split.lower()}'}    "
+              f"# {'PER per session' if validated else 'a split this dataset has (no val)'}; "
               "add --lexicon FILE --lm FILE for words and WER"]
     return "\n".join(lines)
 

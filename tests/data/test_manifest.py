@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,44 @@ def test_a_config_with_other_patching_is_refused_naming_both(tiny_dataset):
     with pytest.raises(DatasetError, match=rf"model.patch_stride={cfg.model.patch_stride + 1} but the shards were "
                                            rf"bucketed for patch_stride={cfg.model.patch_stride}: re-run b2t-preprocess"):
         Dataset.open(shards, other)
+
+
+def _edited(shards, tmp_path, edit) -> Path:
+    """A copy of the dataset's manifest (alone) with `edit(raw)` applied to its JSON."""
+    import json
+
+    raw = json.loads((shards / "manifest.json").read_text())
+    edit(raw)
+    (tmp_path / "manifest.json").write_text(json.dumps(raw))
+    return tmp_path
+
+
+def _set_bucket_t(value):
+    return lambda raw: raw["buckets"][0].update(T=value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set_bucket_t(10**30), r"T=1000000000000000000000000000000: expected integers in 1\.\.1048576"),  # rc 70 in torch
+    (_set_bucket_t("206"), r"T='206'"), (_set_bucket_t(206.5), r"T=206\.5"), (_set_bucket_t(True), r"T=True"),  # trained
+    (lambda raw: raw["shards"].append(raw["shards"][0]), r"shard \S+\.tar is listed 2 times"),  # trained on it twice
+    (lambda raw: raw["shards"][0].update(n_batches=200), r"split \w+: its shards hold \d+ batches, its stats say"),
+    (lambda raw: raw.update(version="1"), r"manifest format version '1' is not 1"),
+    (lambda raw: raw.update(buckets=None), r"buckets is a JSON NoneType, expected a list"),
+    (lambda raw: raw.update(sessions=[]), r"sessions must be a non-empty list"),
+    (lambda raw: raw["config"].update(model="x"), r"model.patch_size=None, patch_stride=None: expected integers"),
+])
+def test_a_manifest_that_b2t_preprocess_did_not_write_is_refused_naming_it(tiny_dataset, tmp_path, edit, message):
+    """Each of these loaded (some trained, exit 0) or failed deep inside a run, naming no file."""
+    root = _edited(tiny_dataset[1], tmp_path, edit)
+    with pytest.raises(DatasetError, match=rf"^{root / 'manifest.json'} is not a valid b2t manifest: .*{message}"):
+        Manifest.load(root)
+
+
+def test_a_start_cut_of_whole_trials_is_refused(tiny_dataset):
+    """augment.max_start_cut=100000 trained, exit 0, on rows cut to nothing."""
+    shards = tiny_dataset[1]
+    shortest = min(b.T for b in Manifest.load(shards).buckets)
+    Dataset.open(shards, load_config(TINY_CONFIG, [f"augment.max_start_cut={shortest - 1}"]))
+    with pytest.raises(DatasetError, match=rf"augment.max_start_cut={shortest} cuts whole trials: the shortest "
+                                           rf"bucket holds trials of at most {shortest} bins"):
+        Dataset.open(shards, load_config(TINY_CONFIG, [f"augment.max_start_cut={shortest}"]))

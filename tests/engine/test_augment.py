@@ -69,6 +69,18 @@ def test_kernel_rejects_unusable_stds():
         gaussian_kernel(50.0)
 
 
+def test_the_config_refuses_a_std_whose_kernel_is_empty_and_allows_every_other():
+    """smooth_std=1e6 hung the warm-up (the kernel was O(std^2) to build), 50 failed after start-up."""
+    from b2t.config import MAX_SMOOTH_STD, ConfigError, load_config
+
+    assert gaussian_kernel(MAX_SMOOTH_STD).numel() >= 1
+    with pytest.raises(ValueError, match="too wide"):
+        gaussian_kernel(39.9)
+    for std in (39.9, 1e6):
+        with pytest.raises(ConfigError, match=rf"augment.smooth_std={std} must be at most {MAX_SMOOTH_STD} bins"):
+            load_config(None, [f"augment.smooth_std={std}"])
+
+
 def test_smoothing_an_impulse_gives_the_kernel():
     k = gaussian_kernel(2.0)
     x = torch.zeros((2, 21, 3), dtype=torch.float32, device="cpu")

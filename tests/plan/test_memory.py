@@ -150,4 +150,7 @@ def test_b2t_plan_prints_the_bucket_table_without_a_run_dir(tmp_path):
     assert sharded.exit_code == 0, sharded.output
     assert "devices: 4, --mesh data=2,fsdp=2 (batch rows split over all 4; weights, gradients" in sharded.output
     assert not list(tmp_path.glob("*.safetensors"))
+    other = CliRunner().invoke(plan_main, [str(tmp_path / "shards"), "--config", str(TINY_CONFIG),
+                                           "--set", "model.patch_size=15"])  # planned, exit 0; b2t-train refuses it
+    assert other.exit_code == 2 and "model.patch_size=15 but the shards were bucketed for patch_size=14" in other.output
 

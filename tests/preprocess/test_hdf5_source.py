@@ -96,6 +96,13 @@ def test_a_damaged_object_header_names_its_trial(train_file: Path) -> None:
     assert "cannot be read: 'Unable to synchronously open object" in str(scan_error(train_file))
 
 
+def test_two_groups_of_one_trial_number_are_refused(train_file: Path) -> None:
+    """trial_01 beside trial_0001 (a hard link): the trial was read twice, its row twice in the CSV."""
+    with h5py.File(train_file, "a") as f:
+        f["trial_01"] = f["trial_0001"]
+    assert "has the trial number of trial_0001" in str(scan_error(train_file, trial="trial_01"))
+
+
 def test_truncated(train_file: Path) -> None:
     data = train_file.read_bytes()
     train_file.write_bytes(data[: len(data) // 2])

@@ -334,6 +334,7 @@ def test_structured_noise_has_the_requested_rank_std_and_timescale(
         (["--structured-noise-std", "-0.5"], "structured_noise_std must be finite and >= 0"),
         (["--structured-noise-timescale", "0"], "structured_noise_timescale finite and > 0 (bins)"),
         (["--structured-noise-rank", "two"], "'two' is not a valid integer"),
+        (["--seed", "-1"], "-1 is not in the range x>=0"),  # numpy's ValueError, exit 70
     ],
 )
 def test_cli_rejects_bad_structured_noise_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -141,3 +141,15 @@ def test_the_step_clock_counts_stepping_time_only(monkeypatch):
     clock.stepped()
     assert clock.window() == (1, 1.0)
     assert clock.seconds() == {"setup": 5.0, "warm-up": 60.0, "training": 3.0, "validation": 10.0}
+
+
+def test_the_next_commands_of_a_run_without_validation_name_no_val_split(tmp_path):
+    """A dataset with no val split: the end suggested `b2t-eval ... --split val`, a split it lacks."""
+    from b2t.train.summary import format_summary
+
+    times = {"wall": 1.0, "warm_up": 0.5, "training": 0.5, "validation": 0.0, "other": 0.0, "median_step_s": None,
+             "windows": 0}
+    text = format_summary({"run_dir": str(tmp_path / "run"), "dataset": str(tmp_path / "ds"), "times": times,
+                           "steps": 2, "best_per": None, "final": {}, "xla": False})
+    assert "no validation (the dataset has no val split)" in text and "--split val" not in text
+    assert f"b2t-eval {tmp_path / 'run' / 'last.safetensors'} {tmp_path / 'ds'} --split SPLIT" in text
