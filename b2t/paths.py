@@ -31,17 +31,17 @@ import click
 from b2t.errors import UsageError
 
 WORK_SUFFIXES = {".safetensors": "a checkpoint", ".hdf5": "an HDF5 data file", ".h5": "an HDF5 data file",
-                 ".tar": "a shard"}
+                 ".tar": "a shard", ".arpa": "an n-gram LM"}
 MANIFEST_NAME, METRICS_NAME = "manifest.json", "metrics.jsonl"
 """A dataset's manifest (`b2t.data.manifest`) and a run's metrics log (`b2t.run_dir`)."""
 LAST_NAME, BEST_NAME = "last.safetensors", "best.safetensors"
 """A run's resumable and best checkpoints (`b2t.run_dir`): only b2t-train writes them."""
-TRIALS_NAME, DECODED_NAME, SUMMARY_NAME = "trials.jsonl", "decoded.txt", "summary.json"
-"""What `b2t-eval --out DIR` writes (`b2t.eval_output`), and `b2t-report --eval DIR` reads."""
+TRIALS_NAME, DECODED_NAME, SUMMARY_NAME, WEIGHTS_NAME = "trials.jsonl", "decoded.txt", "summary.json", "weights.json"
+"""What `b2t-eval --out DIR` writes (`b2t.eval_output`; `--tune` the weights), and `b2t-report --eval DIR` reads."""
 WORK_NAMES = {MANIFEST_NAME: "a dataset manifest", METRICS_NAME: "a run's metrics log",
               LAST_NAME: "a run's resumable checkpoint", BEST_NAME: "a run's best checkpoint",
               TRIALS_NAME: "b2t-eval's trials", DECODED_NAME: "b2t-eval's decoded trials",
-              SUMMARY_NAME: "b2t-eval's summary"}
+              SUMMARY_NAME: "b2t-eval's summary", WEIGHTS_NAME: "b2t-eval --tune's weights"}
 """Files that hold work (by suffix, by name), which only an output of the same kind may replace."""
 
 
@@ -106,9 +106,15 @@ def replaced_work(output: Place) -> str | None:
 
 
 def refuse_clashes(outputs: Iterable[Place], inputs: Iterable[Place]) -> None:
-    """UsageError naming the first output that is, or lies inside, an input, or that would
-    replace a file holding another kind of work."""
-    inputs = list(inputs)
+    """UsageError naming the first output that is, or lies inside, an input, that would
+    replace a file holding another kind of work, or that is another output's file."""
+    inputs, outputs = list(inputs), list(outputs)
+    files = [o for o in outputs if not o.tree]
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            if a.resolved == b.resolved:
+                raise UsageError(f"{a.describe()} is {b.describe()}: one would write over the other; "
+                                 f"choose another {a.role}")
     for output in outputs:
         for why in (*(clash(output, source) for source in inputs), replaced_work(output)):
             if why is not None:

@@ -64,6 +64,9 @@ def test_val_end_to_end_per_table_and_trial_lines(trained_run: TrainedRun, tmp_p
     report = CliRunner().invoke(report_main, [str(trained_run.checkpoint.parent), "--eval", str(tmp_path),
                                               "-o", str(tmp_path / "report.png")])  # as `make demo` draws it
     assert report.exit_code == 0, report.output
+    again, output = run_eval(trained_run.checkpoint, trained_run.shards, "--split", "val", "--backend", "eager",
+                             "--out", tmp_path, "--no-progress")  # refused: "exists and is b2t-eval's decoded trials"
+    assert again == 0 and json.loads((tmp_path / "summary.json").read_text())["per"] == summary["per"], output
 
 
 def test_test_split_submission_has_one_row_per_trial_in_competition_order(trained_run: TrainedRun, tmp_path):
@@ -91,6 +94,14 @@ def test_refusals_are_clean_and_say_why(trained_run: TrainedRun, tmp_path):
     ckpt, shards = trained_run.checkpoint, trained_run.shards
     code, output = run_eval(ckpt, shards, "--split", "test", "--csv", tmp_path / "x.csv")
     assert code == 2 and "--csv needs words" in output
+    for csv_path in (tmp_path / "summary.json", tmp_path / "weights.json"):  # the CSV replaced an output of --out
+        code, output = run_eval(ckpt, shards, "--split", "val", "--lexicon", trained_run.lexicon, "--lm", trained_run.lm,
+                                "--tune", "--out", tmp_path, "--csv", csv_path)
+        assert code == 2 and f"--csv {csv_path} is --out {csv_path}: one would write over the other" in output, output
+    other_lm = tmp_path / "other.arpa"  # an LM this run does not read: it became the CSV
+    other_lm.write_text("\\data\\\n")
+    code, output = run_eval(ckpt, shards, "--split", "test", "--lexicon", trained_run.lexicon, "--csv", other_lm)
+    assert code == 2 and "exists and is an n-gram LM, which this command does not write" in output, output
     code, output = run_eval(ckpt, shards, "--split", "val", "--lexicon", trained_run.lexicon, "--cmudict")
     assert code == 2 and "not both" in output
     code, output = run_eval(ckpt, shards, "--split", "val", "--lexicon", trained_run.lexicon, "--spell",

@@ -36,14 +36,13 @@ from b2t.eval_output import (
     write_outputs,
 )
 from b2t.evaluate import WordRecipe, choose, decode_words, excluded_trials, rescore, submission_rows, tune_weights
-from b2t.paths import DECODED_NAME, SUMMARY_NAME, TRIALS_NAME, Place, RegularFile, refuse_clashes
+from b2t.paths import DECODED_NAME, SUMMARY_NAME, TRIALS_NAME, WEIGHTS_NAME, Place, RegularFile, refuse_clashes, work_kind
 from b2t.run_lock import reading_dataset
 from b2t.words.beam import BeamOptions, load_lm
 from b2t.words.nbest import Weights
 from b2t.words.ngram import check_arpa, is_kenlm_binary
 from b2t.words.tune import ALPHA, TuneResult, WeightsFile, load_weights, save_weights
 
-WEIGHTS_NAME = "weights.json"
 RESCORE_NBEST = 32
 """--nbest when --rescore or --tune is given without it."""
 SEARCH_OPTIONS = ("beam_size", "beam_threshold", "lm_weight", "word_score", "sil_score")
@@ -305,7 +304,8 @@ def refuse_output_clashes(p: dict[str, Any], checkpoints: list[Path], dataset: P
     out, csv_path, lexicon, lm, weights = p["out"], p["csv_path"], p["lexicon"], p["lm"], p["weights"]
     written = [DECODED_NAME, TRIALS_NAME, SUMMARY_NAME, WEIGHTS_NAME]
     refuse_clashes([*([Place("--csv", csv_path)] if csv_path else []),
-                    *([Place("--out", out, tree=True), *(Place("--out", out / n) for n in written)] if out else [])],
+                    *([Place("--out", out, tree=True), *(Place("--out", out / n, kind=work_kind(out / n)) for n in written)]
+                      if out else [])],
                    [*(Place("CHECKPOINT", c) for c in checkpoints), Place("DATASET", dataset, tree=True),
                     *([Place("--lexicon", lexicon)] if lexicon else []), *([Place("--lm", lm)] if lm else []),
                     *([Place("--rescore", p["rescore"], tree=True)] if p["rescore"] else []),

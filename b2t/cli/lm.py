@@ -40,7 +40,7 @@ def build(corpus: Path, output: Path, order: int) -> None:
 
     Either file is written whole or not at all: b2t-eval never reads half a model.
     """
-    refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus)])
+    refuse_clashes([Place("-o", output, kind="an n-gram LM")], [Place("CORPUS", corpus)])
     sentences = _read_corpus(corpus)  # its error names the file
     try:
         arpa = build_arpa(sentences, order=order)
