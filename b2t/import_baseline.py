@@ -175,6 +175,17 @@ def config_from_args(args: Mapping[str, Any], base: Config, where: str | Path = 
         raise BaselineError(f"{where}: a value does not fit b2t's config ({e}): correct it in the file") from None
 
 
+def _number_or_none(value: Any, where: Path) -> float | None:
+    """The checkpoint's val_PER (None when absent); BaselineError where it is no number, which
+    the baseline's trainer never writes (float() of a string or a list was a traceback)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return None if value is None else float(value)
+    raise BaselineError(f"{where}: val_PER is {type(value).__name__} {str(value)[:40]!r}, not a number: this is not "
+                        "a checkpoint the baseline's trainer wrote")
+
+
 def sessions_from(path: str | Path) -> list[str]:
     """The session list of a preprocessed dataset (its manifest) or of a baseline args.yaml."""
     path = Path(path)
@@ -195,7 +206,11 @@ def args_sessions(args: Mapping[str, Any], where: str | Path) -> list[str] | Non
         return None
     if not isinstance(sessions, list) or not sessions:
         raise BaselineError(f"{where}: dataset.sessions must be a non-empty list of session names")
-    return [str(s) for s in sessions]
+    names = [str(s) for s in sessions]
+    twice = [s for i, s in enumerate(names) if s in names[:i]]
+    if twice:  # day_mapping kept the last day layer of the name, the other one silently dropped
+        raise BaselineError(f"{where}: dataset.sessions lists {twice[0]} twice: each session has one day layer")
+    return names
 
 
 def check_reference_keys(state: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]],
@@ -267,8 +282,7 @@ def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str 
     weights = from_reference_state_dict(state, day_mapping(baseline_sessions, target))  # target's day order
     model.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()})
 
-    val_per = ckpt.get("val_PER")
-    val_per = float(val_per) if val_per is not None else None
+    val_per = _number_or_none(ckpt.get("val_PER"), ckpt_file)
     train_state = TrainState(best_per=val_per if val_per is not None and math.isfinite(val_per) else math.inf,
                              sessions=list(target), config=cfg.to_dict())
     out = save_checkpoint(Path(output), model, None, train_state)

@@ -184,6 +184,24 @@ def _hdf5(path: Path) -> h5py.File:
         raise DatasetError(f"{path}: cannot be read as HDF5 ({e}): write it again with b2t-synth --ground-truth") from None
 
 
+def _trial(g: h5py.Group | h5py.Dataset, path: Path, name: str) -> tuple[np.ndarray, list[int]]:
+    """A b2t-synth trial's features (T, F) and its reference phonemes; DatasetError naming the
+    file and trial where it is not one (a KeyError's traceback, or a seq_len beyond its labels
+    that counted padding as reference)."""
+    def bad(problem: str) -> DatasetError:
+        return DatasetError(f"{path}: {name} {problem}: write the dataset again with b2t-synth --ground-truth")
+
+    if not isinstance(g, h5py.Group):
+        raise bad("is not a trial group")
+    x, ids, n = g.get("input_features"), g.get("seq_class_ids"), g.attrs.get("seq_len")
+    if not (isinstance(x, h5py.Dataset) and x.ndim == 2 and isinstance(ids, h5py.Dataset) and ids.ndim == 1):
+        raise bad("lacks input_features (T, F) or seq_class_ids (L,)")
+    if not (isinstance(n, (int, np.integer)) and 0 <= n <= ids.shape[0]):
+        raise bad(f"has seq_len {n.item() if isinstance(n, np.generic) else n!r}, not a count of its "
+                  f"{ids.shape[0]} label slots")
+    return x[()], ids[: int(n)].tolist()
+
+
 def _parts(truth: h5py.File, key: str, shape: tuple[int, ...], truth_path: Path) -> dict[str, np.ndarray]:
     """The trial `key`'s ground-truth parts (speech, nonspeech), each of the features' `shape`."""
     if key not in truth:
@@ -222,11 +240,9 @@ def separation_report(ckpt: Checkpointed, data: Path, split: str = "val",
             tally = Tally()
             with _hdf5(path) as f:
                 for name, g in f.items():
-                    key = f"{session}/{split}/{name}"
-                    features = g["input_features"][()]
-                    n_labels = int(g.attrs["seq_len"])
-                    tally += trial_tally(ckpt, day, features, _parts(truth, key, features.shape, truth_path),
-                                         g["seq_class_ids"][:n_labels].tolist(), estimate)
+                    features, reference = _trial(g, path, name)
+                    tally += trial_tally(ckpt, day, features, _parts(truth, f"{session}/{split}/{name}",
+                                                                     features.shape, truth_path), reference, estimate)
             out[session] = tally.result()
             total += tally
     if not out:

@@ -55,6 +55,7 @@ def test_usage_errors_exit_2(name, args):
     ("b2t-eval", ["--word-score", "nan"]), ("b2t-eval", ["--lm-weight", "nan"]), ("b2t-eval", ["--sil-score", "inf"]),
     ("b2t-eval", ["--neural-weight", "inf"]), ("b2t-synth", ["--noise-std", "nan"]), ("b2t-synth", ["--drift-std", "inf"]),
     ("b2t-synth", ["--structured-noise-std", "inf"]),
+    ("b2t-eval", ["--lm-weight", "1e308"]), ("b2t-eval", ["--word-score", "-1e300"]),  # inf in float32: empty decodes
 ])
 def test_a_weight_or_std_that_is_not_finite_is_refused(name, args, tmp_path):
     """click's float reads "nan" and "inf": the search ran (a NaN score per word), the synth wrote NaN data."""
@@ -79,6 +80,21 @@ def help_invocations() -> list[tuple[str, list[str]]]:
 def test_every_command_takes_dash_h(name, args):
     result = CliRunner().invoke(COMMANDS[name], args)
     assert result.exit_code == 0 and "Usage:" in result.output, (name, args, result.output)
+
+
+@pytest.mark.parametrize(("name", "args", "says"), [
+    ("b2t-lm", ["build", "corpus.txt", "-o", "lm.arpa", "--order", "1"], "1 is not in the range 2<=x<=6"),
+    ("b2t-lm", ["build", "corpus.txt", "-o", "lm.arpa", "--order", "7"], "7 is not in the range 2<=x<=6"),
+    ("b2t-eval", ["ckpt", "dataset", "--beam-size", "10000000000"], "is not in the range 1<=x<=2147483647"),
+])
+def test_values_the_decoder_cannot_take_are_refused_at_once(name, args, says, tmp_path, monkeypatch):
+    """An order-1 or order-7 LM was written (exit 0) for b2t-eval to refuse; a beam of 10**10 was
+    pybind's dump (exit 70)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("a b c\n")
+    result = CliRunner().invoke(COMMANDS[name], args)
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "lm.arpa").exists()
 
 
 def test_a_negative_compile_limit_is_refused_before_start_up(tmp_path):

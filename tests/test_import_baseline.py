@@ -30,6 +30,7 @@ from b2t.model.registry import build_model
 
 CPU = torch.device("cpu")
 SESSIONS = ["t15.2023.08.11", "t15.2023.08.13", "t15.2023.08.18"]
+PATCHING = {"model": {"patch_size": 14, "patch_stride": 4}}  # a manifest's model section: what its buckets fit
 SIZES = {"n_units": 24, "n_layers": 2, "patch_size": 6, "patch_stride": 3}
 
 
@@ -151,7 +152,7 @@ def test_day_layers_follow_the_target_dataset_session_list(tmp_path):
     ref = reference_model(seed=3)
     save_release(tmp_path / "release", ref)
     target = [SESSIONS[2], SESSIONS[0]]  # a dataset holding two of the three sessions
-    Manifest(sessions=target, buckets=[], shards=[], splits={}, sources=[], config={}).save(tmp_path / "data")
+    Manifest(sessions=target, buckets=[], shards=[], splits={}, sources=[], config=PATCHING).save(tmp_path / "data")
     import_baseline(tmp_path / "release", tmp_path / "ours.safetensors", sessions_path=tmp_path / "data")
     ours, sessions = load_ours(tmp_path / "ours.safetensors")
     assert sessions == target
@@ -164,7 +165,7 @@ def test_day_layers_follow_the_target_dataset_session_list(tmp_path):
 
 def test_a_target_session_the_baseline_never_saw_is_refused(tmp_path):
     save_release(tmp_path / "release", reference_model())
-    Manifest(sessions=["t15.2099.01.01"], buckets=[], shards=[], splits={}, sources=[], config={}).save(tmp_path / "d")
+    Manifest(sessions=["t15.2099.01.01"], buckets=[], shards=[], splits={}, sources=[], config=PATCHING).save(tmp_path / "d")
     with pytest.raises(BaselineError, match=r"t15\.2099\.01\.01.*no day layer"):
         import_baseline(tmp_path / "release", tmp_path / "ours.safetensors", sessions_path=tmp_path / "d")
 
@@ -224,6 +225,23 @@ def test_a_bad_value_in_args_yaml_is_one_error_naming_the_file_and_key(path, val
     node[key] = value
     with pytest.raises(BaselineError, match=r"^elsewhere\.yaml: a value does not fit b2t's config \(" + message):
         config_from_args(args, Config(), "elsewhere.yaml")
+
+
+@pytest.mark.parametrize("val_per", ["abc", [0.1]])
+def test_a_val_per_that_is_no_number_is_refused_naming_the_file(tmp_path, val_per):
+    """float() of it was a traceback (exit 70)."""
+    ckpt = save_release(tmp_path / "release", reference_model())
+    saved = torch.load(ckpt, weights_only=False)
+    torch.save({**saved, "val_PER": val_per}, ckpt)
+    with pytest.raises(BaselineError, match=rf"{ckpt}: val_PER is \w+ .*, not a number"):
+        import_baseline(ckpt, tmp_path / "ours.safetensors")
+
+
+def test_a_session_listed_twice_in_args_yaml_is_refused(tmp_path):
+    """Its first day layer was dropped without a word."""
+    ckpt = save_release(tmp_path / "release", reference_model(), args=baseline_args([SESSIONS[0], *SESSIONS[:-1]]))
+    with pytest.raises(BaselineError, match=rf"dataset.sessions lists {SESSIONS[0]} twice"):
+        import_baseline(ckpt, tmp_path / "ours.safetensors")
 
 
 def test_without_args_yaml_the_sessions_and_sizes_must_be_given(tmp_path):

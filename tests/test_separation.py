@@ -170,6 +170,30 @@ def test_a_ground_truth_that_is_not_this_datasets_is_named(data: Path, tmp_path:
         separation_report(ckpt, copy)
 
 
+def _data_file(data: Path, tmp_path: Path, edit) -> tuple[Path, Path]:  # noqa: ANN001  # edit(h5py.File)
+    import shutil
+
+    copy = tmp_path / "synth"
+    shutil.copytree(data, copy)
+    path = sorted(copy.glob("t15.*"))[0] / "data_val.hdf5"
+    with h5py.File(path, "a") as f:
+        edit(f)
+    return copy, path
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: f["trial_0000"].attrs.modify("seq_len", 10**6), r"trial_0000 has seq_len 1000000, not a count of its"),
+    (lambda f: f["trial_0000"].attrs.__delitem__("seq_len"), r"trial_0000 has seq_len None"),  # a KeyError, exit 70
+    (lambda f: f["trial_0000"].__delitem__("input_features"), r"trial_0000 lacks input_features"),
+])
+def test_a_data_file_that_is_not_b2t_synths_is_named_with_its_trial(data: Path, tmp_path: Path, edit, message) -> None:  # noqa: ANN001
+    """seq_len 10**6 counted the padding as reference (exit 0, a wrong PER); the others were tracebacks."""
+    copy, path = _data_file(data, tmp_path, edit)
+    ckpt = Checkpointed(tiny_model(), [p.name for p in sorted(copy.glob("t15.*"))], AugmentConfig())
+    with pytest.raises(DatasetError, match=rf"{path}: {message}"):
+        separation_report(ckpt, copy)
+
+
 def test_zero_estimate_ablation_holds_the_estimate_at_zero() -> None:
     model = tiny_model(zero_noise_estimate=True)
     with torch.no_grad():

@@ -198,7 +198,7 @@ def tuned_file(plan: WordPlan, result: TuneResult, checkpoints: Sequence[Path], 
                    "a binary loads at once).")
 @click.option("--spell", is_flag=True,
               help="Spell the greedy phonemes into the nearest lexicon words (no search, no LM): the baseline to beat.")
-@click.option("--beam-size", type=click.IntRange(min=1), default=BeamOptions.beam_size, show_default=True,
+@click.option("--beam-size", type=click.IntRange(min=1, max=2**31 - 1), default=BeamOptions.beam_size, show_default=True,
               help="Hypotheses kept after each frame.")
 @click.option("--beam-threshold", type=Finite(min=0, min_open=True), default=BeamOptions.beam_threshold,
               show_default=True, help="Drop hypotheses this far below the best of a frame.")

@@ -14,6 +14,9 @@ from b2t.words.kenlm_binary import BINARY_SUFFIXES, write_binary_lm
 from b2t.words.lexicon import cmu_lexicon, load_lexicon
 from b2t.words.ngram import build_arpa, corpus_vocabulary
 
+KENLM_MAX_ORDER = 6
+"""The highest n-gram order the `kenlm` module b2t-eval decodes with reads (its KENLM_MAX_ORDER)."""
+
 
 def _read_corpus(path: Path) -> list[str]:
     """The corpus's sentences; a file that is not UTF-8 text is a user error naming it."""
@@ -34,7 +37,9 @@ def main() -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, readable=False, path_type=Path), required=True,
               help=f"LM file to write: a KenLM binary if its name ends in {' or '.join(BINARY_SUFFIXES)} (b2t-eval "
                    "loads it at once; needs KenLM's build_binary, which `make install` builds), else ARPA text.")
-@click.option("--order", type=click.IntRange(min=1), default=3, show_default=True, help="n-gram order.")
+@click.option("--order", type=click.IntRange(min=2, max=KENLM_MAX_ORDER), default=3, show_default=True,
+              help=f"n-gram order: 2..{KENLM_MAX_ORDER}, the orders the decoder's KenLM reads (a unigram model it "
+                   "cannot, and it is compiled for at most 6).")
 def build(corpus: Path, output: Path, order: int) -> None:
     """Estimate an interpolated Kneser-Ney LM from CORPUS (one sentence per line).
 

@@ -3,7 +3,6 @@ and the one way they make the run's config."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
@@ -11,17 +10,20 @@ import click
 from b2t.config import BACKENDS, Config, load_config
 from b2t.paths import RegularFile
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 class Finite(click.FloatRange):
-    """A float option (in a range, as click.FloatRange) that refuses nan and inf, which click's
-    float reads from "nan" and "inf" and which no weight, score or std of b2t means."""
+    """A float option (in a range, as click.FloatRange) that refuses nan, inf and what float32
+    cannot hold: click's float reads "nan" and "inf", and a score of 1e308 became inf in the
+    decoder (every trial decoded as nothing); no weight, score or std of b2t means them."""
 
     name = "finite number"
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]  # click's signature
         number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        if not abs(number) <= FLOAT32_MAX:  # nan fails too
+            self.fail(f"{value!r} is not a finite number float32 can hold.", param, ctx)
         return number
 
 

@@ -84,12 +84,17 @@ def test_b2t_eval_refuses_a_truncated_binary_before_the_model_runs(models, tmp_p
     assert f"Binary file has size {len(data) // 2} but the headers say" in lines[0]
 
 
-def test_a_failed_build_leaves_the_old_model_and_no_temp(tmp_path) -> None:
+def test_a_failed_build_leaves_the_old_model_and_no_temp(tmp_path, monkeypatch) -> None:
     corpus, out = tmp_path / "corpus.txt", tmp_path / "lm.bin"
     corpus.write_text("a b c d e f g h\n")
     assert CliRunner().invoke(main, ["build", str(corpus), "-o", str(out)]).exit_code == 0
     before = out.read_bytes()
-    result = CliRunner().invoke(main, ["build", str(corpus), "-o", str(out), "--order", "7"])  # KenLM stops at 6
+    failing = tmp_path.parent / f"{tmp_path.name}-build_binary"  # fails as KenLM's does: a message, exit 1
+    failing.write_text("#!/bin/sh\necho 'This model has order 7 but KenLM was compiled to support up to 6.' >&2\n"
+                       "exit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setattr(kenlm_binary, "find_build_binary", lambda: failing)
+    result = CliRunner().invoke(main, ["build", str(corpus), "-o", str(out)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "lm.bin" in result.output and "order 7" in result.output and len(result.output.strip().splitlines()) == 1
     assert out.read_bytes() == before
