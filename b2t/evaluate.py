@@ -31,12 +31,13 @@ from b2t.engine.concurrent_compiles import default_jobs
 from b2t.engine.step import make_stepper
 from b2t.errors import DatasetError, UsageError
 from b2t.metrics import edit_distance
+from b2t.phonemes import PHONEMES
 from b2t.progress import progress_bar
 from b2t.text import normalize_text, words_of
 from b2t.train.warmup import warm_up
 from b2t.train.warmup_progress import WarmUpReport
-from b2t.words.beam import BeamOptions, WordDecoder
-from b2t.words.lexicon import cmu_lexicon, load_lexicon
+from b2t.words.beam import MAX_HOMOPHONES, BeamOptions, WordDecoder
+from b2t.words.lexicon import Lexicon, cmu_lexicon, load_lexicon
 from b2t.words.nbest import Hypothesis, Weights, best
 from b2t.words.tune import ALPHA, Grid, NBestTable, TuneResult, tune
 from b2t.workers import run_jobs, worker_pool
@@ -108,11 +109,29 @@ class WordRecipe:
         """The weights the beam search chooses with (its first hypothesis is the best under them)."""
         return Weights(lm_weight=self.options.lm_weight, word_score=self.options.word_score)
 
+    def notes(self) -> list[str]:
+        """What the search cannot do with this lexicon, said before it runs: a spelling more than
+        MAX_HOMOPHONES words share keeps only those the LM scores highest (flashlight's trie)."""
+        if self.spell:
+            return []
+        crowded = self._lexicon().homophones(MAX_HOMOPHONES)
+        if not crowded:
+            return []
+        pron, words = max(crowded.items(), key=lambda pw: len(pw[1]))
+        lost = sum(len(ws) - MAX_HOMOPHONES for ws in crowded.values())
+        many = f"{len(crowded)} spellings are" if len(crowded) != 1 else "1 spelling is"
+        return [f"{many} shared by more than {MAX_HOMOPHONES} words (the most: "
+                f"{' '.join(PHONEMES[i] for i in pron)}, {len(words)} words: {', '.join(words[:4])}, ...): the search "
+                f"outputs only the {MAX_HOMOPHONES} of each the LM scores highest, so {lost} of those spellings' "
+                "words never appear"]
+
+    def _lexicon(self) -> Lexicon:
+        return cmu_lexicon() if self.lexicon is None else load_lexicon(self.lexicon)
+
     def decode_fn(self) -> Callable[[Any], str | list[Hypothesis]]:
         """Build the decoder; returns its per-trial function: the spelled text of greedy ids, or
         the n-best hypotheses of log-probs."""
-        lexicon = cmu_lexicon() if self.lexicon is None else load_lexicon(self.lexicon)
-        decoder = WordDecoder(lexicon, self.lm, self.options)
+        decoder = WordDecoder(self._lexicon(), self.lm, self.options)
         return decoder.spell_greedy if self.spell else functools.partial(decoder.nbest, n=self.nbest)
 
 

@@ -342,6 +342,8 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
     lap("model")
     tuned = None
     if plan is not None:
+        for note in plan.recipe.notes():
+            click.echo(f"note: {note}", err=True)
         results = decode_words(results, plan.recipe, workers=p["workers"], progress=progress)
         lap("words")
     if scorer is not None:

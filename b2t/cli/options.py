@@ -26,6 +26,9 @@ class Finite(click.FloatRange):
             self.fail(f"{value!r} is not a finite number float32 can hold.", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        return "" if self.min is None and self.max is None else super()._describe_range()  # not "x<=None"
+
 
 config_option = click.option(
     "--config", "config_path", type=RegularFile(),

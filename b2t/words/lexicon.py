@@ -68,6 +68,13 @@ class Lexicon:
             for pron in prons:
                 yield word, pron
 
+    def homophones(self, more_than: int) -> dict[Pronunciation, list[str]]:
+        """The spellings more than `more_than` words share, each with its words in lexicon order."""
+        words: dict[Pronunciation, list[str]] = {}
+        for word, pron in self.entries():
+            words.setdefault(pron, []).append(word)
+        return {pron: ws for pron, ws in words.items() if len(ws) > more_than}
+
     def restrict(self, vocabulary: Iterable[str]) -> Lexicon:
         """The entries of the words in `vocabulary` (words the lexicon lacks are left out)."""
         keep = set(vocabulary)

@@ -206,6 +206,18 @@ def test_homophones_beyond_the_trie_limit_keep_the_likeliest(tmp_path) -> None:
     assert decoder.decode(emissions(truth, truth, np.random.default_rng(8), margin=0.0)) == words[-1]
 
 
+def test_the_words_the_trie_cannot_hold_are_said_before_the_search(tmp_path) -> None:
+    """dropped_homophones was computed and never shown: with --cmudict 224 words can never be output."""
+    from b2t.evaluate import WordRecipe
+
+    words = [f"s{chr(ord('a') + k)}" for k in range(MAX_HOMOPHONES + 2)]
+    (tmp_path / "lexicon.txt").write_text("".join(f"{w} S AH N\n" for w in words) + "cat K AE T\n")
+    [note] = WordRecipe(lexicon=tmp_path / "lexicon.txt").notes()
+    assert note.startswith(f"1 spelling is shared by more than {MAX_HOMOPHONES} words (the most: S AH N, 8 words: "
+                           "sa, sb, sc, sd, ...)") and "so 2 of those spellings' words never appear" in note
+    assert WordRecipe(lexicon=tmp_path / "lexicon.txt", spell=True).notes() == []
+
+
 @given(query=st.lists(st.integers(1, 5), max_size=6),
        candidates=st.lists(st.lists(st.integers(1, 5), min_size=1, max_size=6), min_size=1, max_size=5))
 def test_edit_distances_match_levenshtein(query: list[int], candidates: list[list[int]]) -> None:
