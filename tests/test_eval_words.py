@@ -142,3 +142,22 @@ def test_word_options_that_cannot_work_together_say_what_to_do(trained_run: Trai
     code, output = run_eval(trained_run.checkpoint, trained_run.shards, *split, *args)
     assert code == 2 and message in output, output
     assert "PER" not in output  # refused before the model ran
+
+
+@pytest.mark.parametrize("search, message", [
+    ({"beam_size": 64.5}, "search.beam_size=64.5 (float): expected an integer"),  # pybind's dump, exit 70
+    ({"beam_size": 10**30}, "search.beam_size=1000000000000000000000000000000: out of range"),
+    ({"beam_size": 2**31}, "beam_size must be in 1..2**31-1"),
+    ({"beam_threshold": "Infinity"}, "search.beam_threshold='Infinity' (str): expected a number"),
+    ({"beam_width": 8}, "search settings b2t-eval does not use: beam_width"),  # ignored
+])
+def test_a_weights_files_search_settings_are_checked_like_the_options(trained_run: TrainedRun, tmp_path: Path,
+                                                                       search: dict, message: str):
+    settings = {"beam_size": 64, "beam_threshold": 20, "lm_weight": 1, "word_score": 0, "sil_score": 0, **search}
+    (tmp_path / "w.json").write_text(json.dumps({
+        "kind": "b2t-eval n-best weights", "version": 1, "weights": {"lm_weight": 1, "neural_weight": 0,
+                                                                     "word_score": 0},
+        "search": settings, "nbest": 4, "lm": None, "rescore": None}))
+    code, output = run_eval(trained_run.checkpoint, trained_run.shards, "--split", "val", "--lexicon",
+                            trained_run.lexicon, "--weights", tmp_path / "w.json")
+    assert code == 2 and message in output and "PER" not in output, output

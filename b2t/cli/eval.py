@@ -10,6 +10,7 @@ what `b2t.eval_output` describes.
 from __future__ import annotations
 
 import time
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +21,7 @@ from click.core import ParameterSource
 
 from b2t.cli.options import Finite
 from b2t.cli.rule import Command
-from b2t.config import BACKENDS
+from b2t.config import BACKENDS, ConfigError, check_value
 from b2t.data.dataset import Dataset
 from b2t.data.manifest import SPLITS
 from b2t.decoding import TrialResult, summarize
@@ -131,15 +132,22 @@ def _plan_from_file(ctx: click.Context, p: dict[str, Any]) -> WordPlan:
     if clash:
         raise click.UsageError(f"--weights {path} sets the search and the weights: drop {', '.join(clash)}")
     wf = load_weights(path)
+    unknown = sorted(set(wf.search) - set(SEARCH_OPTIONS))
+    if unknown:
+        raise InputFileError(f"{path}: search settings b2t-eval does not use: {', '.join(unknown)}")
     try:
-        options = BeamOptions(**{k: wf.search[k] for k in SEARCH_OPTIONS})
-    except (KeyError, TypeError, UsageError) as e:
-        raise InputFileError(f"{path}: its search settings are not ones b2t-eval uses ({e!r})") from None
+        types = typing.get_type_hints(BeamOptions)
+        options = BeamOptions(**{k: check_value(f"search.{k}", wf.search[k], types[k]) for k in SEARCH_OPTIONS})
+    except (KeyError, TypeError, UsageError, ConfigError) as e:
+        raise InputFileError(f"{path}: its search settings are not ones b2t-eval uses ({e})") from None
     for flag, used, given in (("--lm", wf.lm, p["lm"]), ("--rescore", wf.rescore, p["rescore"])):
         if used is not None and given is None:
             raise click.UsageError(f"{path} was tuned with {flag} {used}: pass {flag} (the same model)")
         if used is None and given is not None:
             raise click.UsageError(f"{path} was tuned without {flag}: drop {flag}, or tune again with it")
+    if wf.lm is not None and p["lm"] is not None and Path(wf.lm).resolve() != Path(p["lm"]).resolve():
+        click.echo(f"note: {path} was tuned with --lm {wf.lm}, this run searches with {p['lm']}: its weights were "
+                   "chosen for the other LM", err=True)
     if wf.nbest > options.beam_size:
         raise InputFileError(f"{path}: nbest {wf.nbest} is more than its beam_size {options.beam_size}")
     recipe = WordRecipe(lexicon=p["lexicon"], lm=p["lm"], options=options, nbest=wf.nbest)

@@ -55,8 +55,8 @@ class BeamOptions:
     log_add: bool = False  # merge equal hypotheses by log-sum-exp (True) or max (False)
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise UsageError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.beam_size < 2**31:  # the decoder's int
+            raise UsageError(f"beam_size must be in 1..2**31-1, got {self.beam_size}")
         if not 1 <= self.beam_size_token <= N_CLASSES:
             raise UsageError(f"beam_size_token must be in 1..{N_CLASSES}, got {self.beam_size_token}")
         if not self.beam_threshold > 0:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from b2t.atomic import atomic_write_text
+from b2t.config import ConfigError, check_value
 from b2t.errors import InputFileError, MissingInput, UsageError
 from b2t.words.nbest import Hypothesis, Weights
 
@@ -270,12 +271,19 @@ def load_weights(path: Path) -> WeightsFile:
     if d.get("version") != WEIGHTS_VERSION:
         raise InputFileError(f"{path}: weights file version {d.get('version')!r}; this b2t reads version {WEIGHTS_VERSION}")
     try:
-        weights = Weights(**{k: float(d["weights"][k]) for k in ("lm_weight", "neural_weight", "word_score")})
-        search, nbest = dict(d["search"]), int(d["nbest"])
+        weights = Weights(**{k: check_value(f"weights.{k}", d["weights"][k], float)
+                             for k in ("lm_weight", "neural_weight", "word_score")})
+        search, nbest = dict(d["search"]), check_value("nbest", d["nbest"], int)
         lm, rescore = d.get("lm"), d.get("rescore")
+    except ConfigError as e:  # a value of the wrong type, or NaN/inf (float() took "nan", int() 2.7)
+        raise InputFileError(f"{path}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise InputFileError(f"{path}: a weights file with a missing or malformed field ({e!r})") from None
     if nbest < 1:
         raise InputFileError(f"{path}: nbest must be >= 1, got {nbest}")
+    if weights.lm_weight < 0 or weights.neural_weight < 0:
+        raise InputFileError(f"{path}: the LM weights must be >= 0, got {weights.describe()}")
+    if weights.neural_weight and rescore is None:  # no hypothesis would have a neural score to weigh
+        raise InputFileError(f"{path}: neural_weight {weights.neural_weight:g} without a --rescore LM it was tuned with")
     return WeightsFile(weights=weights, search=search, nbest=nbest, lm=lm, rescore=rescore,
                        tuned_on=dict(d.get("tuned_on") or {}))

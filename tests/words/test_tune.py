@@ -147,3 +147,21 @@ def test_a_weights_file_round_trips_and_bad_ones_say_why(tmp_path):
     (tmp_path / "partial.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=r"partial\.json: a weights file with a missing or malformed field"):
         load_weights(tmp_path / "partial.json")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("lm_weight", "nan", r"weights.lm_weight='nan' \(str\): expected a number"),  # float("nan"): accepted
+    ("lm_weight", float("nan"), r"weights.lm_weight=nan: expected a finite number"),  # summary.json held NaN
+    ("lm_weight", -50, r"the LM weights must be >= 0"),  # accepted: a worse WER
+    ("word_score", True, r"weights.word_score=True \(bool\): expected a number"),
+    ("nbest", 2.7, r"nbest=2.7 \(float\): expected an integer"),  # int(): 2
+    ("nbest", True, r"nbest=True \(bool\): expected an integer"),  # int(): 1
+    ("neural_weight", 0.5, r"neural_weight 0.5 without a --rescore LM"),  # exit 70 in the choice
+])
+def test_a_weights_file_value_of_the_wrong_type_or_range_is_refused(tmp_path, field, value, message):
+    d = WeightsFile(weights=Weights(lm_weight=1.5), search={"beam_size": 64}, nbest=8, lm="lm.bin",
+                    rescore=None).to_dict()
+    (d if field == "nbest" else d["weights"])[field] = value
+    (tmp_path / "w.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=rf"w\.json: {message}"):
+        load_weights(tmp_path / "w.json")
