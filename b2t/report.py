@@ -14,7 +14,7 @@ from typing import Any
 from b2t.errors import InputFileError, MissingInput
 from b2t.paths import SUMMARY_NAME
 from b2t.report_figure import Points, RunCurves
-from b2t.run_dir import RunDir, skipped_summary
+from b2t.run_dir import RunDir, session_rates_problem, skipped_summary
 
 _TRAIN = {"loss/train": "loss", "lr": "lr", "lr_day": "lr_day", "steps_per_s": "steps_per_s", "grad_norm": "grad_norm"}
 _VAL = {"loss/val": "loss", "per": "per"}
@@ -93,6 +93,9 @@ def load_eval(directory: Path, runs: list[tuple[Path, RunCurves]]) -> None:
     checkpoints = summary.get("checkpoints") if isinstance(summary, dict) else None
     if not (isinstance(checkpoints, list) and checkpoints and all(isinstance(c, str) for c in checkpoints)):
         raise InputFileError(f"{path}: not a b2t-eval summary (no checkpoints named)")
+    for key in ("per_session", "wer_session"):
+        if (problem := session_rates_problem(summary.get(key))) is not None:
+            raise InputFileError(f"{path}: not a b2t-eval summary ({key} is {problem})")
     folders = {Path(c).resolve().parent for c in checkpoints}
     if len(folders) > 1:
         raise InputFileError(f"{path} evaluated an ensemble of checkpoints from {len(folders)} run folders: "

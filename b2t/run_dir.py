@@ -10,6 +10,7 @@ evaluation's next commands and the tools all name these files through `RunDir`.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,21 @@ _NUMBERS = {"train": ("loss", "grad_norm", "lr", "lr_day", "steps_per_s"), "val"
 
 
 def _is_number(value: Any) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    """null, or a finite number a plot can hold (metrics_log writes null for NaN/inf; 10**400 overflowed)."""
+    if isinstance(value, bool):
+        return False
+    return value is None or (isinstance(value, int) and abs(value) < 2**63) or (
+        isinstance(value, float) and math.isfinite(value))
+
+
+def session_rates_problem(value: Any) -> str | None:
+    """Why a `per_session` (or `wer_session`) table, `{"groups": {session: {"rate": x}}}` or null,
+    is not one (None when it is): the shape the loop and b2t-eval write and the report reads."""
+    groups = value.get("groups") or {} if isinstance(value, dict) else None if value else {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) and _is_number(g.get("rate"))
+                                               for g in groups.values()):
+        return "not a mapping of sessions to rates"
+    return None
 
 
 def record_problem(record: Any) -> str | None:
@@ -92,20 +107,21 @@ def record_problem(record: Any) -> str | None:
     kind = record.get("kind")
     if not isinstance(kind, str):
         return f"kind is {kind!r}, not a string"
+    if kind == "summary":
+        times = record.get("times") or {}
+        if not isinstance(times, dict) or not all(map(_is_number, times.values())) or (
+                times.get("median_step_s") is not None and not times["median_step_s"] > 0):
+            return "a summary whose times are not a mapping of finite numbers (median_step_s > 0)"
     if kind not in _NUMBERS:
         return None
     step = record.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63:
         return f"a {kind} record whose step is {step!r}, not an integer >= 0"
     for key in _NUMBERS[kind]:
         if not _is_number(record.get(key)):
             return f"{key} is {record[key]!r}, not a number"
-    groups = record.get("per_session") or {}
-    groups = groups.get("groups") or {} if isinstance(groups, dict) else None
-    if not isinstance(groups, dict) or not all(isinstance(g, dict) and _is_number(g.get("rate"))
-                                               for g in groups.values()):
-        return "per_session is not a mapping of sessions to rates"
-    return None
+    problem = session_rates_problem(record.get("per_session"))
+    return f"per_session is {problem}" if problem else None
 
 
 def scan_records(path: Path) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:

@@ -55,6 +55,7 @@ def test_val_end_to_end_per_table_and_trial_lines(trained_run: TrainedRun, tmp_p
     assert re.search(r"^all\s+0\.\d{4}\s", output, re.M)
 
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["checkpoints"] == [str(trained_run.checkpoint.resolve())]  # b2t-report reads it from any folder
     assert summary["per"] < 0.5 and summary["per"] == trained_run.summary["best_per"]  # as the trainer measured
     trials = read_lines(tmp_path / "trials.jsonl")
     assert [t["id"] for t in trials] == list(range(n_val))  # padding rows skipped, every trial once

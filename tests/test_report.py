@@ -170,3 +170,29 @@ def test_report_errors_are_one_line(tmp_path):
     run = _run(tmp_path / "run")
     result = CliRunner().invoke(main, [str(run), "-o", str(tmp_path / "a_file" / "r.png")])
     assert result.exit_code == 2 and "Traceback" not in result.output and "a_file" in result.output
+
+
+def test_parseable_records_no_b2t_run_writes_are_skipped_with_the_note(tmp_path):
+    """Each was a traceback (exit 70): ZeroDivisionError, AttributeError, OverflowError, matplotlib's
+    'Axis limits cannot be NaN or Inf'."""
+    run = synthetic_log(tmp_path / "run", 200, 20, 100, 3)
+    bad = ['{"kind": "summary", "times": {"median_step_s": 0}}', '{"kind": "summary", "times": [1]}',
+           '{"kind": "summary", "times": {"wall": Infinity}}', '{"kind": "val", "step": 50, "per": Infinity}',
+           '{"kind": "train", "step": 50, "steps_per_s": Infinity}', '{"kind": "train", "step": 1' + "0" * 400 + "}"]
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("\n".join(bad) + "\n")
+    result = CliRunner().invoke(main, [str(run), "-o", str(tmp_path / "r.png")])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "6 lines of" in result.output and "skipped" in result.output, result.output
+    assert (tmp_path / "r.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_an_eval_summary_whose_tables_are_not_tables_is_refused(tmp_path):
+    run = synthetic_log(tmp_path / "run", 200, 20, 100, 3)
+    (tmp_path / "ev").mkdir()
+    for table in ([1], {"groups": [1]}, {"groups": {"t15.a": {"rate": "x"}}}):  # AttributeError, exit 70
+        (tmp_path / "ev" / "summary.json").write_text(json.dumps({
+            "checkpoints": [str(run / "best.safetensors")], "split": "val", "per_session": table}))
+        result = CliRunner().invoke(main, [str(run), "--eval", str(tmp_path / "ev")])
+        assert result.exit_code == 2, result.output
+        assert "not a b2t-eval summary (per_session is not a mapping of sessions to rates)" in result.output

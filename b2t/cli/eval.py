@@ -290,7 +290,8 @@ def eval_main(ctx: click.Context, **p: Any) -> None:
         click.echo(f"tuned on {summary.n_trials} {split} trials ({tuned.points} points over the n-best lists): "
                    + tuned.describe())
     if out is not None:
-        report = {"checkpoints": [str(c) for c in checkpoints], "dataset": str(dataset), "split": split,
+        report = {"checkpoints": [str(c.resolve()) for c in checkpoints], "dataset": str(dataset.resolve()),  # any cwd
+                  "split": split,
                   **summary.to_dict(), "members": [m.to_dict() for m in members], "compilations": compilations,
                   "buckets": len(data.buckets), "excluded": [list(e) for e in excluded],
                   "words": None if plan is None else plan.describe(),
