@@ -69,6 +69,11 @@ class DataConfig:
         _require(self.seed >= 0, f"data.seed must be >= 0, got {self.seed}")
 
 
+MAX_UNITS, MAX_LAYERS, MAX_PATCH = 2**16, 64, 1024
+"""Bounds far above any real model (the 687M's widest GRU has 4608 units, its patches 14 bins):
+a larger value is a typo, which otherwise reached the allocator (exit 70) or the compiler."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class GRUConfig:
     """A GRU stack's sizes: `model.gru` (the reference decoder, family `gru`) and each part of
@@ -79,7 +84,9 @@ class GRUConfig:
     rnn_dropout: float = 0.4  # between GRU layers
 
     def __post_init__(self) -> None:
-        _require(self.n_units >= 1 and self.n_layers >= 1, "n_units and n_layers must be >= 1")
+        _require(1 <= self.n_units <= MAX_UNITS and 1 <= self.n_layers <= MAX_LAYERS,
+                 f"n_units and n_layers must be in 1..{MAX_UNITS} and 1..{MAX_LAYERS}, got {self.n_units} and "
+                 f"{self.n_layers}")
         _require(0.0 <= self.rnn_dropout < 1.0, "rnn_dropout must be in [0, 1)")
 
 
@@ -125,8 +132,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _require(self.family in MODEL_FAMILIES,
                  f"model.family={self.family!r}: choose one of {', '.join(MODEL_FAMILIES)}")
-        _require(1 <= self.patch_stride <= self.patch_size,
-                 f"model.patch_stride={self.patch_stride} must be in 1..patch_size={self.patch_size}")
+        _require(1 <= self.patch_stride <= self.patch_size <= MAX_PATCH,
+                 f"model.patch_stride={self.patch_stride} must be in 1..patch_size={self.patch_size}, and patch_size "
+                 f"at most {MAX_PATCH} bins")
         _require(0.0 <= self.input_dropout < 1.0, "model.input_dropout must be in [0, 1)")
 
 

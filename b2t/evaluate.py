@@ -110,11 +110,13 @@ class WordRecipe:
         return Weights(lm_weight=self.options.lm_weight, word_score=self.options.word_score)
 
     def notes(self) -> list[str]:
-        """What the search cannot do with this lexicon, said before it runs: a spelling more than
-        MAX_HOMOPHONES words share keeps only those the LM scores highest (flashlight's trie)."""
+        """What the search cannot do with this lexicon, said before it runs (and a lexicon that is
+        none refused then): a spelling more than MAX_HOMOPHONES words share keeps only those the
+        LM scores highest (flashlight's trie)."""
+        lexicon = self._lexicon()
         if self.spell:
             return []
-        crowded = self._lexicon().homophones(MAX_HOMOPHONES)
+        crowded = lexicon.homophones(MAX_HOMOPHONES)
         if not crowded:
             return []
         pron, words = max(crowded.items(), key=lambda pw: len(pw[1]))

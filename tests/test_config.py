@@ -70,6 +70,8 @@ def test_overrides_are_yaml_scalars():
     ("optim.grad_clip=-5", r"optim.grad_clip=-5.0 must be >= 0"),
     ("optim.lr_min=-1", r"optim.lr_min=-1.0 and optim.lr_day_min=0.0005 must be in 0..their peak"),
     ("optim.lr_day_min=1", r"must be in 0..their peak \(lr=0.01, lr_day=0.01\)"),
+    ("model.gru.n_units=1000000000000", r"n_units and n_layers must be in 1..65536 and 1..64"),  # the allocator's
+    ("model.patch_size=1000000", r"patch_size at most 1024 bins"),  # exit 70 in b2t-eval and the importer
 ])
 def test_invalid_values_say_how_to_fix(override, message):
     with pytest.raises(ConfigError, match=message):

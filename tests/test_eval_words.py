@@ -161,3 +161,11 @@ def test_a_weights_files_search_settings_are_checked_like_the_options(trained_ru
     code, output = run_eval(trained_run.checkpoint, trained_run.shards, "--split", "val", "--lexicon",
                             trained_run.lexicon, "--weights", tmp_path / "w.json")
     assert code == 2 and message in output and "PER" not in output, output
+
+
+def test_a_bad_lexicon_is_refused_before_the_model_runs(trained_run: TrainedRun, tmp_path: Path):
+    """It was read only after the model's pass over the split (and, on a TPU, its warm-up)."""
+    (tmp_path / "lexicon.txt").write_text("cat K AE T\nDog D AO G\n")
+    code, output = run_eval(trained_run.checkpoint, trained_run.shards, "--split", "val", "--lexicon",
+                            tmp_path / "lexicon.txt", "--no-progress")
+    assert code == 2 and "not normalised" in output and "warm-up" not in output and "PER" not in output, output

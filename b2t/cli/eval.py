@@ -343,6 +343,9 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
         nonlocal clock
         seconds[name], clock = round(time.perf_counter() - clock, 3), time.perf_counter()
 
+    if plan is not None:  # reads the lexicon: its errors come before the model's pass, not after
+        for note in plan.recipe.notes():
+            click.echo(f"note: {note}", err=True)
     if p["compile_cache"] is not None:
         use_compile_cache(p["compile_cache"])
     results, members = evaluate_checkpoints(checkpoints, data, p["split"], backend=p["backend"],
@@ -351,8 +354,6 @@ def run_stages(plan: WordPlan | None, checkpoints: Sequence[Path], data: Dataset
     lap("model")
     tuned = None
     if plan is not None:
-        for note in plan.recipe.notes():
-            click.echo(f"note: {note}", err=True)
         results = decode_words(results, plan.recipe, workers=p["workers"], progress=progress)
         lap("words")
     if scorer is not None:

@@ -109,7 +109,7 @@ def test_the_model_schedules_its_loss_weight_and_reversal():
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("model.noise_separating.noisy.n_units=0", "model.noise_separating.noisy: n_units and n_layers must be >= 1"),
+    ("model.noise_separating.noisy.n_units=0", "model.noise_separating.noisy: n_units and n_layers must be in 1..65536"),
     ("model.noise_separating.reversal_scale=-1", "noisy_loss_weight and reversal_scale must be >= 0"),
     ("model.noise_separating.clean.rnn_dropout=1.0", "model.noise_separating.clean: rnn_dropout must be in"),
     ("model.noise_separating.noise.units=3", "did you mean 'n_units'"),
