@@ -7,6 +7,7 @@ plain `open` would give (`mkstemp` makes it 0600), then renamed over the target.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -40,7 +41,12 @@ def _default_mode() -> int:
 def _temp_beside(path: Path) -> Iterator[tuple[int, str]]:
     """(fd, name) of a new temp file in `path`'s directory, removed if the block raises."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TEMP_PREFIX}{path.name}.", suffix=_TEMP_SUFFIX)
+    except OSError as e:  # name the output, not the temp; in a folder that exists, ENOENT is one that takes no file
+        if e.errno == errno.ENOENT:  # (/proc): not "it does not exist"
+            raise OSError(None, f"cannot create a file in {path.parent} ({e.strerror})", str(path)) from None
+        raise OSError(e.errno, e.strerror, str(path)) from None
     try:
         yield fd, tmp
     except BaseException as e:

@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,13 @@ def test_a_failed_program_keeps_the_old_file_and_leaves_no_temp(tmp_path):
         _child_writes(tmp, "half a model", 1)
     assert target.read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lm.bin"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder that takes no new file")
+def test_a_folder_that_takes_no_file_is_named_with_the_output_not_the_temp():
+    """'/proc/.lm.arpa.a8gjnl5z.tmp: No such file or directory (it does not exist)', of a folder that exists."""
+    from b2t.cli.rule import os_error_line
+
+    with pytest.raises(OSError) as caught:
+        atomic_write_text(Path("/proc/lm.arpa"), "x")
+    assert os_error_line(caught.value) == "/proc/lm.arpa: cannot create a file in /proc (No such file or directory)"
