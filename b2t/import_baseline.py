@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +82,25 @@ def refusal_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {line[:120]}"
 
 
+def _what_else(path: Path) -> str | None:
+    """What a file torch.load refused is, when it is a known other thing: a b2t checkpoint
+    (safetensors: an 8-byte header length, then its JSON), or a zip that is no torch save
+    (the release as downloaded)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
+        return "it is a safetensors file, e.g. a b2t checkpoint already: pass it to b2t-eval or --init-from as it is"
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            if not any(n.endswith("data.pkl") for n in z.namelist()):
+                return "it is a zip archive, not a torch save: unzip the release and pass the folder it holds"
+    return None
+
+
 def load_baseline(path: Path) -> dict[str, Any]:
     """The checkpoint dict, unpickled with `weights_only=True` (tensors and plain data only)."""
+    if (other := _what_else(path)) is not None:
+        raise BaselineError(f"{path}: not a baseline checkpoint: {other}")
     try:
         with torch.serialization.safe_globals(_numpy_scalar_globals()), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's pickle-protocol notes ask to file torch issues
@@ -263,13 +281,20 @@ def import_baseline(path: str | Path, output: str | Path, *, sessions_path: str 
     baseline_sessions = args_sessions(args, args_file) if args is not None else None
     target = sessions_from(sessions_path) if sessions_path is not None else None
     if baseline_sessions is None and target is None:
-        raise BaselineError(f"no session list: put the baseline's {ARGS_NAME} beside {ckpt_file}, "
-                            "or pass --sessions-from with the dataset (or args.yaml) it was trained on")
+        where = (f"{args_file} has no dataset.sessions" if args is not None
+                 else f"put the baseline's {ARGS_NAME} beside {ckpt_file}")
+        raise BaselineError(f"no session list: {where}, or pass --sessions-from with the dataset (or args.yaml) it "
+                            "was trained on")
     baseline_sessions = baseline_sessions or target
     target = target or baseline_sessions
 
     ckpt = load_baseline(ckpt_file)
     state = strip_compile_prefix(ckpt["model_state_dict"])
+    bad = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+           and not bool(torch.isfinite(v).all())]
+    if bad:  # refused at the save, as a run "diverged by step 0" told to lower optim.lr
+        raise BaselineError(f"{ckpt_file}: the baseline's weights hold NaN/Inf ({', '.join(bad[:3])}"
+                            f"{', ...' if len(bad) > 3 else ''}): the checkpoint of a run that diverged; import another")
     if cfg.model.family != "gru":
         raise BaselineError(f"the baseline is a GRU decoder: use model.family=gru, not {cfg.model.family!r}")
     model = build_model(cfg.model, len(target))

@@ -272,3 +272,40 @@ def test_cli_converts_and_refuses_with_the_key(tmp_path):
     result = CliRunner().invoke(import_main, [str(tmp_path / "bad"), "-o", str(tmp_path / "x.safetensors")])
     assert result.exit_code == 2 and "missing key 'out.bias'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_b2t_checkpoint_or_a_zip_given_as_the_baseline_says_what_it_is(tmp_path):
+    """Both were torch's words ("Unsupported operand 56", 'Expected hasRecord("version")')."""
+    import zipfile
+
+    from b2t.engine.checkpoint import TrainState, save_checkpoint
+
+    ours = save_checkpoint(tmp_path / "ours.safetensors", reference_model(), None, TrainState())
+    with pytest.raises(BaselineError, match=r"it is a safetensors file, e.g. a b2t checkpoint already"):
+        import_baseline(ours, tmp_path / "out.safetensors", sessions_path=_args_file(tmp_path))
+    with zipfile.ZipFile(tmp_path / "release.zip", "w") as z:
+        z.writestr("release/checkpoint/args.yaml", "model: {}\n")
+    with pytest.raises(BaselineError, match=r"it is a zip archive, not a torch save: unzip the release"):
+        import_baseline(tmp_path / "release.zip", tmp_path / "out.safetensors", sessions_path=_args_file(tmp_path))
+
+
+def test_an_args_file_without_sessions_is_named_as_given(tmp_path):
+    """`--args other.yaml` without a session list was told to put an args.yaml beside the checkpoint."""
+    ckpt = save_release(tmp_path / "release", reference_model())
+    args = baseline_args()
+    del args["dataset"]["sessions"]
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(args))
+    with pytest.raises(BaselineError, match=rf"no session list: {tmp_path / 'mine.yaml'} has no dataset.sessions"):
+        import_baseline(ckpt, tmp_path / "ours.safetensors", args_path=tmp_path / "mine.yaml")
+
+
+def test_a_baseline_with_nan_weights_names_them(tmp_path):
+    ckpt = save_release(tmp_path / "release", reference_model())
+    saved = torch.load(ckpt, weights_only=False)
+    state = dict(saved["model_state_dict"])
+    key = next(k for k in state if k.endswith("gru.weight_ih_l0"))
+    state[key] = torch.full_like(state[key], float("nan"))
+    torch.save({**saved, "model_state_dict": state}, ckpt)
+    with pytest.raises(BaselineError, match=r"the baseline's weights hold NaN/Inf \(gru.weight_ih_l0\): the checkpoint "
+                                            r"of a run that diverged"):
+        import_baseline(ckpt, tmp_path / "ours.safetensors")
