@@ -126,6 +126,7 @@ def test_input_errors_exit_2(tmp_path):
     for command, args, says in [
         (lm_main, ["build", empty, "-o", tmp_path / "lm.arpa"], "no words"),
         (lm_main, ["lexicon", corpus, "-o", tmp_path / "lex.txt", "--source", empty], "holds no entries"),
+        (lm_main, ["lexicon", empty, "-o", tmp_path / "lex.txt"], "empty.txt holds no words"),  # "no pronunciation"
         (preprocess_main, ["build", tmp_path, tmp_path.with_name(tmp_path.name + "-out")], "no session found"),
     ]:
         result = runner.invoke(command, [str(a) for a in args])

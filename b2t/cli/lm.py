@@ -70,6 +70,8 @@ def lexicon(corpus: Path, output: Path, source: Path | None) -> None:
     refuse_clashes([Place("-o", output)], [Place("CORPUS", corpus), *([Place("--source", source)] if source else [])])
     full = cmu_lexicon() if source is None else load_lexicon(source)
     vocabulary = corpus_vocabulary(_read_corpus(corpus))
+    if not vocabulary:
+        raise InputFileError(f"{corpus} holds no words: expected a corpus, one sentence per line")
     restricted = full.restrict(vocabulary)
     if not len(restricted):
         raise InputFileError(f"no word of {corpus} has a pronunciation in {source or 'cmudict'}")

@@ -100,7 +100,8 @@ def _collect(entries: Iterable[tuple[str, Pronunciation]]) -> Lexicon:
 
 
 def _parse_lines(path: Path) -> Iterator[tuple[str, Pronunciation]]:
-    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+    data = path.read_bytes()
+    for n, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):  # a BOM is no word's letter
         where = f"{path}:{n}"
         try:
             fields = raw.decode("utf-8").split()

@@ -84,3 +84,9 @@ def test_cli_lexicon_from_cmu_and_from_file(tmp_path, cmu: Lexicon) -> None:
     source.write_text("world W ER L DD\n")
     result = CliRunner().invoke(main, ["lexicon", str(corpus), "-o", str(out), "--source", str(source)])
     assert result.exit_code != 0 and "source.txt:1: unknown phoneme" in result.output
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path) -> None:
+    """Windows editors write one: the first word was '\ufeffcat', refused as not normalised."""
+    (tmp_path / "lex.txt").write_bytes("\ufeffcat K AE T\r\ndog D AO G\r\n".encode())
+    assert load_lexicon(tmp_path / "lex.txt").words == ("cat", "dog")
