@@ -208,3 +208,19 @@ def test_zero_estimate_ablation_holds_the_estimate_at_zero() -> None:
     with torch.no_grad():
         plain.noise.out.bias.zero_()
     torch.testing.assert_close(model(x, day)["clean"], plain(x, day)["clean"])
+
+
+def test_a_report_of_data_without_non_speech_says_why_its_figures_are_nan(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """b2t-synth's defaults write no non-speech part: the table printed nan without a word."""
+    from click.testing import CliRunner
+
+    import b2t.separation as separation
+    from b2t.cli.separation import separation_main
+    from b2t.separation import Tally
+
+    monkeypatch.setattr(separation, "load_model", lambda path: None)
+    monkeypatch.setattr(separation, "separation_report", lambda ckpt, data, split: {"all": Tally().result()})
+    (tmp_path / "c.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(separation_main, [str(tmp_path / "c.safetensors"), str(tmp_path)])
+    assert result.exit_code == 0 and "| all | 0 | nan |" in result.output, result.output
+    assert "non-speech part is zero in every trial" in result.output and "--structured-noise-rank" in result.output

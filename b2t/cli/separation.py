@@ -9,6 +9,7 @@ reference), both heads' greedy PER (definitions in `b2t.separation`).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -35,3 +36,7 @@ def separation_main(checkpoint: Path, data: Path, split: str) -> None:
     for session, r in report.items():
         click.echo(f"| {session} | {r.trials} | {r.r2:.3f} | {r.energy:.3f} | {r.cosine:.3f} | {r.leakage:.3f} | "
                    f"{r.truth_leakage:.3f} | {r.clean_per:.3f} | {r.noisy_per:.3f} |")
+    if math.isnan(report["all"].r2):
+        click.echo(f"\nnote: {data}'s non-speech part is zero in every trial, so R^2, its energy and the cosine "
+                   "(measured against it) are undefined (nan): write the data with b2t-synth --structured-noise-rank K "
+                   "or --preset realistic to measure them", err=True)
