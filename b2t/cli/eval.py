@@ -135,8 +135,8 @@ def _plan_from_file(ctx: click.Context, p: dict[str, Any]) -> WordPlan:
     unknown = sorted(set(wf.search) - set(SEARCH_OPTIONS))
     if unknown:
         raise InputFileError(f"{path}: search settings b2t-eval does not use: {', '.join(unknown)}")
+    types = typing.get_type_hints(BeamOptions)
     try:
-        types = typing.get_type_hints(BeamOptions)
         options = BeamOptions(**{k: check_value(f"search.{k}", wf.search[k], types[k]) for k in SEARCH_OPTIONS})
     except (KeyError, TypeError, UsageError, ConfigError) as e:
         raise InputFileError(f"{path}: its search settings are not ones b2t-eval uses ({e})") from None
