@@ -77,8 +77,9 @@ class TuneResult:
 
     @property
     def kept_default(self) -> bool:
-        """The search found fewer errors, but not fewer than chance gives (p >= alpha)."""
-        return self.found_errors < self.default_errors and self.best == self.default
+        """The untuned weights are the ones chosen: no point does better, or its gain is one chance
+        gives (p >= alpha)."""
+        return self.best == self.default
 
     @property
     def default_wer(self) -> float:

@@ -52,6 +52,7 @@ def test_ties_keep_the_default_weights_even_off_the_grid():
     nbests = [[hyp(-1.0, -1.0, 2), hyp(-9.0, -9.0, 2)]]
     result = tune(NBestTable(nbests, [[0, 2]], Weights(lm_weight=0.37, word_score=0.11)), 2, default)
     assert result.best == default and result.best_errors == result.default_errors == 0
+    assert result.kept_default and result.to_dict()["kept_default"]  # weights.json said false beside "defaults kept"
 
 
 def test_default_weights_that_only_they_get_right_are_kept():
