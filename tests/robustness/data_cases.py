@@ -232,7 +232,7 @@ OUTPUT_AND_CONFIG_PROBES = [
                          or [str(ws.src), str(d / "out"), "--config", str(d / "c.yaml")], [str(d / "c.yaml")])),
     Probe("config file a YAML list", "b2t-plan", config_file("- optim\n", "mapping")),
     Probe("non-UTF-8 config file", "b2t-plan", config_file(b"optim:\n  lr: 0.1 \xff\n", "UTF-8")),
-    Probe("lr: 1e-3 in a file (case 17)", "b2t-plan", config_file("optim:\n  lr: 1e-3\n  eps: -1E-4\n"),
+    Probe("lr: 1e-3 in a file (case 17)", "b2t-plan", config_file("optim:\n  lr: 1e-3\n  eps: +1E-4\n"),
           expect="ok"),
     Probe("--set optim.lr=1e6 (case 17)", "b2t-plan", override("optim.lr=1e6", "optim.lr_day=.5"), expect="ok"),
     Probe("--set without a section", "b2t-plan", override("lr=0.1", names=("lr=0.1",))),
