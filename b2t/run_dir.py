@@ -91,7 +91,7 @@ def _is_number(value: Any) -> bool:
 def session_rates_problem(value: Any) -> str | None:
     """Why a `per_session` (or `wer_session`) table, `{"groups": {session: {"rate": x}}}` or null,
     is not one (None when it is): the shape the loop and b2t-eval write and the report reads."""
-    groups = value.get("groups") or {} if isinstance(value, dict) else None if value else {}
+    groups = (value.get("groups") or {}) if isinstance(value, dict) else value or {}
     if not isinstance(groups, dict) or not all(isinstance(g, dict) and _is_number(g.get("rate"))
                                                for g in groups.values()):
         return "not a mapping of sessions to rates"
