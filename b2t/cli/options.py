@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import numpy as np
 
 from b2t.config import BACKENDS, Config, load_config
 from b2t.paths import RegularFile
 
-FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Finite(click.FloatRange):

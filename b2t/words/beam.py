@@ -37,6 +37,8 @@ from b2t.words.lexicon import Lexicon, Pronunciation
 from b2t.words.nbest import Hypothesis
 from b2t.words.ngram import UNK
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 MAX_HOMOPHONES = 6
 """Words one flashlight trie node can label (its kTrieMaxLabel); more are not inserted."""
 
@@ -61,9 +63,9 @@ class BeamOptions:
             raise UsageError(f"beam_size_token must be in 1..{N_CLASSES}, got {self.beam_size_token}")
         if not self.beam_threshold > 0:
             raise UsageError(f"beam_threshold must be > 0, got {self.beam_threshold}")
-        if not 0 <= self.lm_weight < math.inf:
+        if not 0 <= self.lm_weight <= _FLOAT32_MAX:  # the decoder's floats: 1e308 was inf, every trial empty
             raise UsageError(f"lm_weight must be a finite number >= 0, got {self.lm_weight}")
-        if not (math.isfinite(self.word_score) and math.isfinite(self.sil_score)):
+        if not (abs(self.word_score) <= _FLOAT32_MAX and abs(self.sil_score) <= _FLOAT32_MAX):  # nan fails too
             raise UsageError(f"word_score and sil_score must be finite, got {self.word_score} and {self.sil_score}")
 
 

@@ -174,6 +174,7 @@ def test_inputs_torch_numpy_and_shapes(decoder: WordDecoder) -> None:
     ({"beam_size": 0}, "beam_size must be in 1..2\\*\\*31-1"), ({"beam_size_token": 42}, "beam_size_token must be in 1..41"),
     ({"beam_threshold": 0.0}, "beam_threshold must be > 0"), ({"lm_weight": -1.0}, "lm_weight must be a finite number >= 0"),
     ({"lm_weight": float("nan")}, "lm_weight must be a finite"), ({"word_score": float("inf")}, "must be finite"),
+    ({"sil_score": 1e300}, "must be finite"),  # finite in float64, inf in the decoder's float32 (a --weights file)
 ])
 def test_options_are_validated(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
